@@ -1,0 +1,35 @@
+# Developer entry points. The logic lives in scripts/.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+.PHONY: help demo test lint format clean distclean
+
+help:
+	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/ + a worker"
+	@echo "make test       run pytest for every Django/Python combination on SQLite and PostgreSQL"
+	@echo "                (knobs: TEST_COMBOS=django61 TEST_DBS=sqlite PYTEST_ARGS='-x -k name')"
+	@echo "make lint       ruff check + ruff format --check"
+	@echo "make format     ruff check --fix + ruff format"
+	@echo "make clean      remove caches, build artefacts, test logs and test databases"
+	@echo "make distclean  clean, and also the virtualenvs and the demo database"
+
+demo:
+	bash scripts/demo.sh
+
+test:
+	bash scripts/run-tests.sh
+
+lint:
+	bash scripts/lint.sh
+
+format:
+	bash scripts/lint.sh --fix
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .test-logs \
+		testproject/test_db.sqlite3* testproject/staticfiles
+	find . \( -path ./.git -o -path './.venv*' \) -prune -o \
+		-type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean
+	rm -rf .venv .venv-* testproject/db.sqlite3*

@@ -1,0 +1,110 @@
+"""SQLite: one ``UPDATE … RETURNING`` statement claims atomically.
+
+SQLite has no row locks; a writing statement takes the database's write lock before it
+reads, so a single UPDATE that selects and marks rows can never hand the same task to two
+workers. Run SQLite in WAL mode with a busy timeout (see the docs) so readers and the one
+writer do not block each other.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..compat import TaskResultStatus
+
+# Inlined as literals (not parameters) so the planner can match the partial READY index.
+READY = TaskResultStatus.READY.value
+RUNNING = TaskResultStatus.RUNNING.value
+from ..lifecycle import ClaimedTask
+from .base import (
+    CLAIM_COLUMNS,
+    Dialect,
+    claimed_from_row,
+    column,
+    insert_sql_and_params,
+    prep,
+    table,
+)
+
+MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE … RETURNING
+
+
+class SQLiteDialect(Dialect):
+    vendor = "sqlite"
+
+    def check(self, connection: BaseDatabaseWrapper) -> list[str]:
+        if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
+            wanted = ".".join(map(str, MIN_SQLITE_VERSION))
+            return [
+                f"SQLite {sqlite3.sqlite_version} is too old: django-tasks-plus needs "
+                f"{wanted}+ for UPDATE … RETURNING."
+            ]
+        return []
+
+    def insert_task(
+        self, connection: BaseDatabaseWrapper, values: Mapping[str, Any], queue_name: str
+    ) -> None:
+        sql, params = insert_sql_and_params(values, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+    def claim(
+        self,
+        connection: BaseDatabaseWrapper,
+        *,
+        backend_name: str,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease_token: str,
+        now: datetime,
+        lease_expires_at: datetime,
+    ) -> list[ClaimedTask]:
+        quote = connection.ops.quote_name
+        t = quote(table())
+
+        def c(name: str) -> str:
+            return quote(column(name))
+
+        queue_marks = ", ".join(["%s"] * len(queues))
+        returning = ", ".join(c(name) for name in CLAIM_COLUMNS)
+        sql = f"""
+            UPDATE {t} SET
+                {c("status")} = '{RUNNING}',
+                {c("lease_token")} = %s,
+                {c("lease_expires_at")} = %s,
+                {c("attempt")} = {c("attempt")} + 1,
+                {c("worker_ids")} = json_insert({c("worker_ids")}, '$[#]', %s),
+                {c("started_at")} = COALESCE({c("started_at")}, %s),
+                {c("last_attempted_at")} = %s
+            WHERE {c("id")} IN (
+                SELECT {c("id")} FROM {t}
+                WHERE {c("status")} = '{READY}' AND {c("backend_name")} = %s
+                  AND {c("queue_name")} IN ({queue_marks}) AND {c("run_after")} <= %s
+                ORDER BY {c("priority")} DESC, {c("run_after")}, {c("id")}
+                LIMIT %s
+            )
+            RETURNING {returning}
+        """
+        params = [
+            lease_token,
+            prep("lease_expires_at", lease_expires_at, connection),
+            worker_id,
+            prep("started_at", now, connection),
+            prep("last_attempted_at", now, connection),
+            backend_name,
+            *queues,
+            prep("run_after", now, connection),
+            limit,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        claimed = [claimed_from_row(row) for row in rows]
+        claimed.sort(key=lambda task: (-task.priority, task.run_after, task.id))
+        return claimed

@@ -1,0 +1,116 @@
+"""Task-row writes that every database expresses the same way, through the ORM.
+
+Every write after a claim is **fenced**: it only lands where the row still carries the
+lease token the writer holds. A worker that lost its lease (paused, partitioned, too
+slow, reaped) therefore cannot overwrite the outcome of whoever owns the task now.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from ..compat import TaskResultStatus
+from ..lifecycle import ClaimedTask, Transition
+from ..models import TaskRecord, WorkerRecord
+from .base import CLAIM_COLUMNS, claimed_from_row
+
+
+def apply_transition(
+    database: str,
+    task: ClaimedTask,
+    transition: Transition,
+    *,
+    lease_expired_before: datetime | None = None,
+) -> bool:
+    """Write ``transition`` if ``task``'s lease is still held; return whether it landed.
+
+    ``lease_expired_before`` is the reaper's extra fence: it only takes rows whose lease is
+    still expired, so a heartbeat that renewed the lease a moment ago wins.
+    """
+    rows = TaskRecord.objects.using(database).filter(
+        pk=task.id, lease_token=task.lease_token, status=TaskResultStatus.RUNNING
+    )
+    if lease_expired_before is not None:
+        rows = rows.filter(lease_expires_at__lt=lease_expired_before)
+    updated = rows.update(
+        status=transition.status, lease_token=None, lease_expires_at=None, **transition.values
+    )
+    return updated == 1
+
+
+def renew_leases(
+    database: str, leases: Iterable[tuple[str, str]], lease_expires_at: datetime
+) -> set[str]:
+    """Extend every still-held lease in one statement; return the ids no longer held."""
+    leases = list(leases)
+    if not leases:
+        return set()
+    ids = [task_id for task_id, _ in leases]
+    tokens = {token for _, token in leases}
+    rows = TaskRecord.objects.using(database).filter(
+        pk__in=ids, lease_token__in=tokens, status=TaskResultStatus.RUNNING
+    )
+    updated = rows.update(lease_expires_at=lease_expires_at)
+    if updated == len(ids):
+        return set()
+    held = {str(pk) for pk in rows.values_list("pk", flat=True)}
+    return set(ids) - held
+
+
+def expired_tasks(
+    database: str, backend_name: str, now: datetime, limit: int = 100
+) -> list[ClaimedTask]:
+    """Running tasks of this backend whose lease ran out, oldest expiry first."""
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend_name,
+            status=TaskResultStatus.RUNNING,
+            lease_expires_at__lt=now,
+        )
+        .order_by("lease_expires_at")
+        .values_list(*CLAIM_COLUMNS)[:limit]
+    )
+    return [claimed_from_row(row) for row in rows]
+
+
+def register_worker(
+    database: str,
+    *,
+    worker_id: str,
+    backend_name: str,
+    queues: Sequence[str],
+    concurrency: int,
+    now: datetime,
+) -> None:
+    WorkerRecord.objects.using(database).update_or_create(
+        worker_id=worker_id,
+        defaults={
+            "backend_name": backend_name,
+            "hostname": socket.gethostname()[:255],
+            "pid": os.getpid(),
+            "queues": sorted(queues),
+            "concurrency": concurrency,
+            "started_at": now,
+            "last_heartbeat_at": now,
+        },
+    )
+
+
+def heartbeat_worker(database: str, worker_id: str, now: datetime) -> None:
+    WorkerRecord.objects.using(database).filter(worker_id=worker_id).update(last_heartbeat_at=now)
+
+
+def remove_worker(database: str, worker_id: str) -> None:
+    WorkerRecord.objects.using(database).filter(worker_id=worker_id).delete()
+
+
+def prune_workers(database: str, silent_since: datetime) -> int:
+    """Forget workers whose heartbeat stopped long ago (crashed or killed)."""
+    deleted, _ = (
+        WorkerRecord.objects.using(database).filter(last_heartbeat_at__lt=silent_since).delete()
+    )
+    return deleted

@@ -1,0 +1,115 @@
+"""Every exception django-tasks-plus raises, under one base.
+
+``retryable`` says whether trying the same thing again can help: callers and the worker
+use it to tell a transient condition (database unavailable) from a permanent one (bad
+arguments). Errors about invalid tasks also derive from Django's own ``InvalidTask`` so
+code written against ``django.tasks`` keeps catching them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .compat import InvalidTask
+
+
+class TasksPlusError(Exception):
+    """Base class of every error raised by django-tasks-plus."""
+
+    retryable: bool = False
+
+
+class InvalidBackendOptions(TasksPlusError, ImproperlyConfigured):
+    """The TASKS setting (QUEUES or OPTIONS) has an unknown key or a bad value."""
+
+
+class InvalidTaskOptions(TasksPlusError, InvalidTask):
+    """A task definition or a ``using()`` override has a bad option."""
+
+
+class InvalidTaskArguments(TasksPlusError, InvalidTask):
+    """The arguments cannot be stored (not JSON-serializable) or do not fit the task."""
+
+
+class InvalidRetryPolicy(TasksPlusError, InvalidTask):
+    """A retry policy is not callable or returned something that is not a delay."""
+
+
+class TaskNotRegistered(TasksPlusError):
+    """A stored row names a path that does not resolve to a task object.
+
+    Only ``Task`` objects are ever executed: a path naming a plain function, a module or
+    anything else is refused, so a forged row cannot run arbitrary code.
+    """
+
+
+class DatabaseUnavailable(TasksPlusError):
+    """The task database could not be reached; trying again later may succeed."""
+
+    retryable = True
+
+
+class LeaseExpired(TasksPlusError):
+    """Recorded as the error of an attempt whose worker stopped renewing its lease."""
+
+    retryable = True
+
+
+class TaskTimeout(TasksPlusError):
+    """Raised inside a task that ran longer than its ``timeout``."""
+
+    retryable = True
+
+
+class ReturnValueNotSerializable(TasksPlusError):
+    """The task returned a value that cannot be stored as JSON."""
+
+
+class TaskDeferred(TasksPlusError):  # noqa: N818 - reads as an event, like StopIteration
+    """Raise from a task to run it again later without spending an attempt.
+
+    Give either ``delay`` (a ``timedelta`` or seconds) or ``run_after`` (an aware datetime).
+    """
+
+    retryable = True
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        delay: timedelta | float | None = None,
+        run_after: datetime | None = None,
+    ) -> None:
+        if (delay is None) == (run_after is None):
+            raise TypeError("TaskDeferred needs exactly one of delay= or run_after=.")
+        if delay is not None and not isinstance(delay, timedelta):
+            delay = timedelta(seconds=delay)
+        if delay is not None and delay < timedelta(0):
+            raise ValueError(f"TaskDeferred delay must not be negative, got {delay}.")
+        if run_after is not None and run_after.tzinfo is None:
+            raise ValueError("TaskDeferred run_after must be an aware datetime.")
+        super().__init__(message or "task deferred")
+        self.delay = delay
+        self.run_after = run_after
+
+
+class Abort(TasksPlusError):  # noqa: N818 - a verb, raised by task code on purpose
+    """Raise from a task to dead-letter it now, whatever its retry policy says."""
+
+
+__all__ = [
+    "Abort",
+    "DatabaseUnavailable",
+    "InvalidBackendOptions",
+    "InvalidRetryPolicy",
+    "InvalidTaskArguments",
+    "InvalidTaskOptions",
+    "LeaseExpired",
+    "ReturnValueNotSerializable",
+    "TaskDeferred",
+    "TaskNotRegistered",
+    "TaskTimeout",
+    "TasksPlusError",
+]

@@ -1,0 +1,181 @@
+"""What happens to a task row after an attempt: pure functions from event to new state.
+
+The worker (after running a task), the reaper (after a lease ran out) and shutdown (for
+claims never started) all describe what happened as an event; ``transition()`` turns it,
+with the retry policy and the clock, into the columns to write. The write itself is
+fenced by the lease token elsewhere (``db``), so this module stays free of I/O and is
+tested on its own.
+"""
+
+from __future__ import annotations
+
+import traceback as traceback_module
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .compat import TaskResultStatus
+from .exceptions import InvalidRetryPolicy
+from .retry import RetryPolicy, next_delay
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A task row as a worker holds it while its lease lasts."""
+
+    id: str
+    task_path: str
+    queue_name: str
+    priority: int
+    args: Any
+    kwargs: Any
+    attempt: int
+    worker_ids: tuple[str, ...]
+    errors: tuple[Mapping[str, Any], ...]
+    enqueued_at: datetime
+    run_after: datetime
+    started_at: datetime | None
+    lease_token: str
+    backend_name: str = "default"
+
+
+# Events: what happened to one claimed task.
+@dataclass(frozen=True)
+class Succeeded:
+    return_value: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The attempt raised; the retry policy decides between retry and dead letter."""
+
+    exception: BaseException
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """Dead-letter now (``Abort`` raised, unknown task, corrupt row, bad return value…)."""
+
+    exception: BaseException
+    traceback: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Run again at ``run_after`` without spending an attempt."""
+
+    run_after: datetime
+
+
+@dataclass(frozen=True)
+class Released:
+    """Claimed but never started (graceful stop): back to READY as if never claimed."""
+
+
+Event = Succeeded | Failed | Aborted | Deferred | Released
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The new column values for one task row, and whether the task is now final."""
+
+    status: str
+    values: dict[str, Any] = field(default_factory=dict)
+    error: Mapping[str, Any] | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+
+
+def exception_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def format_traceback(exc: BaseException) -> str:
+    return "".join(traceback_module.format_exception(exc))
+
+
+def error_record(
+    exc: BaseException, traceback: str, *, attempt: int, worker_id: str | None, at: datetime
+) -> dict[str, Any]:
+    """The JSON kept per failed attempt; the first two keys are Django's ``TaskError``."""
+    return {
+        "exception_class_path": exception_path(exc),
+        "traceback": traceback or format_traceback(exc),
+        "attempt": attempt,
+        "worker_id": worker_id,
+        "at": at.isoformat(),
+    }
+
+
+def _without_last_attempt(task: ClaimedTask) -> dict[str, Any]:
+    """Undo the claim's bookkeeping, for attempts that should not count."""
+    return {"attempt": max(0, task.attempt - 1), "worker_ids": list(task.worker_ids[:-1])}
+
+
+def _dead(task: ClaimedTask, error: dict[str, Any], reason: str, now: datetime) -> Transition:
+    return Transition(
+        TaskResultStatus.FAILED,
+        {
+            "errors": [*task.errors, error],
+            "finished_at": now,
+            "dead_letter_reason": reason[:2000],
+        },
+        error,
+    )
+
+
+def transition(
+    task: ClaimedTask, event: Event, *, policy: RetryPolicy, now: datetime
+) -> Transition:
+    """Decide the row's next state after ``event``; never raises for a bad policy."""
+    worker_id = task.worker_ids[-1] if task.worker_ids else None
+    if isinstance(event, Succeeded):
+        return Transition(
+            TaskResultStatus.SUCCESSFUL, {"return_value": event.return_value, "finished_at": now}
+        )
+    if isinstance(event, Released):
+        return Transition(TaskResultStatus.READY, _without_last_attempt(task))
+    if isinstance(event, Deferred):
+        return Transition(
+            TaskResultStatus.READY, {**_without_last_attempt(task), "run_after": event.run_after}
+        )
+    if isinstance(event, Aborted):
+        error = error_record(
+            event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
+        )
+        reason = event.reason or f"{exception_path(event.exception)}: {event.exception}"
+        return _dead(task, error, reason, now)
+
+    error = error_record(
+        event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
+    )
+    try:
+        delay = next_delay(policy, task.attempt, now - task.enqueued_at, event.exception)
+    except InvalidRetryPolicy as exc:
+        return _dead(task, error, f"retry policy failed: {exc}", now)
+    except Exception as exc:  # a user policy that crashes must not lose the task
+        return _dead(task, error, f"retry policy raised {exception_path(exc)}: {exc}", now)
+    if delay is None:
+        reason = (
+            f"gave up after {task.attempt} attempt(s); last error "
+            f"{exception_path(event.exception)}: {event.exception}"
+        )
+        return _dead(task, error, reason, now)
+    return Transition(
+        TaskResultStatus.READY,
+        {"errors": [*task.errors, error], "run_after": now + delay},
+        error,
+    )
+
+
+def deferred_until(now: datetime, delay: timedelta | None, run_after: datetime | None) -> datetime:
+    """When a ``TaskDeferred`` asks to run again."""
+    if run_after is not None:
+        return run_after
+    return now + (delay or timedelta(0))

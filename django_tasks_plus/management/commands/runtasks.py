@@ -1,0 +1,167 @@
+"""``manage.py runtasks``: run the worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from ...backend import DatabaseBackend
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
+from ...exceptions import TasksPlusError
+from ...worker.engine import WORKER_ID_MAX_LENGTH, Worker, WorkerConfig, default_worker_id
+from ...worker.supervisor import supervise
+
+LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError(value)
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(value)
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run tasks from the django-tasks-plus database queue."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            help="Queue to serve (repeatable); '*' serves every queue of the backend (default).",
+        )
+        parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            help="Threads running tasks in each process (default: OPTIONS['CONCURRENCY'], 8).",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=int,
+            help="Tasks claimed beyond free threads, to hide claim latency (default: OPTIONS, 0).",
+        )
+        parser.add_argument(
+            "--processes", type=_positive_int, default=1, help="Worker processes to fork."
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit 0 once no task is ready to run."
+        )
+        parser.add_argument(
+            "--max-tasks", type=_positive_int, help="Exit after running this many tasks."
+        )
+        parser.add_argument("--worker-id", help="Name of this worker (default: host-pid-random).")
+        parser.add_argument(
+            "--visibility-timeout",
+            type=_positive_float,
+            help="Seconds a lease lasts without a heartbeat (default: OPTIONS, 60).",
+        )
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=_positive_float,
+            help="Seconds to let running tasks finish after SIGTERM (default: OPTIONS, 30).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_positive_float,
+            help="Longest wait between polls when idle (default: OPTIONS, 1.0).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verbosity = int(options["verbosity"])
+        logging.getLogger("django_tasks_plus").setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
+        backend = self._backend(options["backend"])
+        settings = backend.settings
+        queues = self._queues(backend, options["queues"])
+        worker_id = options["worker_id"] or default_worker_id()
+        processes = options["processes"]
+        suffix_room = len(f"-{processes}") if processes > 1 else 0
+        if len(worker_id) + suffix_room > WORKER_ID_MAX_LENGTH:
+            raise CommandError(
+                f"--worker-id is {len(worker_id)} characters; at most "
+                f"{WORKER_ID_MAX_LENGTH - suffix_room} fit."
+            )
+        if options["prefetch"] is not None and options["prefetch"] < 0:
+            raise CommandError("--prefetch must be 0 or more.")
+        config = WorkerConfig(
+            backend_alias=backend.alias,
+            queues=queues,
+            concurrency=options["concurrency"] or settings.concurrency,
+            prefetch=settings.prefetch if options["prefetch"] is None else options["prefetch"],
+            worker_id=worker_id,
+            visibility_timeout=options["visibility_timeout"] or settings.visibility_timeout,
+            shutdown_timeout=options["shutdown_timeout"] or settings.shutdown_timeout,
+            poll_interval=options["poll_interval"] or settings.poll_interval,
+            burst=options["burst"],
+            max_tasks=options["max_tasks"],
+            log_each_task=verbosity >= 2,
+        )
+        if verbosity >= 1:
+            self._banner(backend, config, processes)
+        sys.stdout.flush()
+        if processes == 1:
+            code = Worker(config).run()
+        else:
+
+            def run_child(index: int) -> int:
+                child = WorkerConfig(**{**config.__dict__, "worker_id": f"{worker_id}-{index}"})
+                return Worker(child).run()
+
+            code = supervise(processes, run_child, restart=not config.burst)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code:
+            # Threads still running abandoned tasks would block a normal exit.
+            os._exit(code)
+
+    def _backend(self, alias: str) -> DatabaseBackend:
+        try:
+            backend = task_backends[alias]
+        except (InvalidTaskBackend, TasksPlusError) as exc:
+            raise CommandError(f"Task backend {alias!r}: {exc}") from exc
+        if not isinstance(backend, DatabaseBackend):
+            raise CommandError(
+                f"Task backend {alias!r} is {type(backend).__module__}."
+                f"{type(backend).__qualname__}; runtasks needs "
+                "django_tasks_plus.backend.DatabaseBackend."
+            )
+        return backend
+
+    def _queues(self, backend: DatabaseBackend, requested: list[str] | None) -> tuple[str, ...]:
+        served = sorted(backend.settings.queues)
+        if not requested or "*" in requested:
+            return tuple(served)
+        unknown = sorted(set(requested) - set(served))
+        if unknown:
+            raise CommandError(
+                f"Unknown queue(s) {', '.join(map(repr, unknown))} for backend "
+                f"{backend.alias!r}; it serves: {', '.join(served)}."
+            )
+        return tuple(dict.fromkeys(requested))
+
+    def _banner(self, backend: DatabaseBackend, config: WorkerConfig, processes: int) -> None:
+        connection = connections[backend.settings.database]
+        name = connection.settings_dict.get("NAME")
+        self.stdout.write(
+            f"django-tasks-plus worker {config.worker_id}\n"
+            f"  backend:     {backend.alias} ({type(backend).__name__})\n"
+            f"  database:    {backend.settings.database} ({connection.vendor}: {name})\n"
+            f"  queues:      {', '.join(config.queues)}\n"
+            f"  processes:   {processes} x {config.concurrency} threads\n"
+            f"  visibility:  {config.visibility_timeout:g} s"
+            f"{'   mode: burst' if config.burst else ''}"
+        )

@@ -1,0 +1,117 @@
+"""Building Django ``TaskResult`` objects from stored rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from . import compat
+from .lifecycle import ClaimedTask
+from .models import TaskRecord
+
+
+def task_errors(errors: Iterable[Mapping[str, Any]]) -> list[compat.TaskError]:
+    """Django's ``TaskError`` per recorded failure (extra keys stay in the row)."""
+    return [
+        compat.TaskError(
+            exception_class_path=str(error.get("exception_class_path", "")),
+            traceback=str(error.get("traceback", "")),
+        )
+        for error in errors
+        if isinstance(error, Mapping)
+    ]
+
+
+def task_as_stored(
+    task: compat.Task, *, priority: int, queue_name: str, run_after: datetime | None
+) -> compat.Task:
+    """``task`` with the per-call values the row was enqueued with."""
+    changes: dict[str, Any] = {}
+    if task.priority != priority:
+        changes["priority"] = priority
+    if task.queue_name != queue_name:
+        changes["queue_name"] = queue_name
+    if run_after is not None and task.run_after != run_after:
+        changes["run_after"] = run_after
+    if not changes:
+        return task
+    try:
+        return dataclasses.replace(task, **changes)
+    except Exception:  # the settings changed since (queue removed…): show the definition
+        return task
+
+
+def make_result(
+    task: compat.Task,
+    *,
+    id: str,
+    status: str,
+    backend: str,
+    args: Any,
+    kwargs: Any,
+    enqueued_at: datetime | None,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+    last_attempted_at: datetime | None,
+    errors: Iterable[Mapping[str, Any]] = (),
+    worker_ids: Iterable[str] = (),
+    return_value: Any = None,
+) -> compat.TaskResult:
+    result = compat.TaskResult(
+        task=task,
+        id=id,
+        status=compat.TaskResultStatus(status),
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=last_attempted_at,
+        args=list(args) if isinstance(args, list | tuple) else [],
+        kwargs=dict(kwargs) if isinstance(kwargs, Mapping) else {},
+        backend=backend,
+        errors=task_errors(errors),
+        worker_ids=list(worker_ids),
+    )
+    object.__setattr__(result, "_return_value", return_value)
+    return result
+
+
+def result_from_record(task: compat.Task, record: TaskRecord) -> compat.TaskResult:
+    return make_result(
+        task_as_stored(
+            task, priority=record.priority, queue_name=record.queue_name, run_after=record.run_after
+        ),
+        id=str(record.id),
+        status=record.status,
+        backend=record.backend_name,
+        args=record.args,
+        kwargs=record.kwargs,
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        errors=record.errors or (),
+        worker_ids=record.worker_ids or (),
+        return_value=record.return_value,
+    )
+
+
+def result_from_claim(task: compat.Task, claimed: ClaimedTask, now: datetime) -> compat.TaskResult:
+    """The RUNNING result a worker hands to signals and ``TaskContext``."""
+    return make_result(
+        task_as_stored(
+            task, priority=claimed.priority, queue_name=claimed.queue_name, run_after=None
+        ),
+        id=claimed.id,
+        status=compat.TaskResultStatus.RUNNING,
+        backend=claimed.backend_name,
+        args=claimed.args,
+        kwargs=claimed.kwargs,
+        enqueued_at=claimed.enqueued_at,
+        started_at=claimed.started_at or now,
+        finished_at=None,
+        last_attempted_at=now,
+        errors=claimed.errors,
+        worker_ids=claimed.worker_ids,
+    )

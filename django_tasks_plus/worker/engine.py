@@ -1,0 +1,329 @@
+"""The ``runtasks`` engine: claim batches, hand them to doers, run them on threads.
+
+One main thread claims and dispatches; ``concurrency`` threads run tasks; a heartbeat
+thread renews leases and reaps; on PostgreSQL a listener thread turns NOTIFY into
+wake-ups. Doers are only touched by the main thread, so they need no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import FrameType
+
+from django.db import InterfaceError, OperationalError, connections
+from django.utils import timezone
+
+from ..compat import task_backends
+from ..db import dialect_for
+from ..db.store import apply_transition, register_worker, remove_worker
+from ..lifecycle import ClaimedTask, Released, transition
+from .doers import Doer, make_doer
+from .execution import AttemptReport, TaskRunner
+from .heartbeat import Heartbeat
+from .reaper import reap_expired
+from .wakeup import NotifyListener, PollBackoff
+
+logger = logging.getLogger("django_tasks_plus.worker")
+
+WORKER_ID_MAX_LENGTH = 64
+
+
+def default_worker_id() -> str:
+    host = socket.gethostname().split(".")[0][:40]
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything one worker process needs to know, resolved from settings and flags."""
+
+    backend_alias: str
+    queues: tuple[str, ...]
+    concurrency: int
+    worker_id: str
+    visibility_timeout: float
+    shutdown_timeout: float
+    poll_interval: float
+    prefetch: int = 0
+    burst: bool = False
+    max_tasks: int | None = None
+    log_each_task: bool = False
+    listen: bool = True
+
+
+@dataclass
+class QueueGroup:
+    """Queues that share one doer, claimed together in one statement."""
+
+    doer: Doer
+    queues: tuple[str, ...]
+
+
+def build_groups(backend_settings, queues: Sequence[str]) -> list[QueueGroup]:  # type: ignore[no-untyped-def]
+    """One group per distinct doer spec: queues without their own spec share the default."""
+    groups: dict[str, tuple[object, list[str]]] = {}
+    for name in queues:
+        spec = backend_settings.doer_spec_for(name)
+        key = repr(spec) if name not in backend_settings.queues_config else f"queue:{name}"
+        groups.setdefault(key, (spec, []))[1].append(name)
+    return [QueueGroup(make_doer(spec), tuple(names)) for spec, names in groups.values()]
+
+
+class Worker:
+    """One worker process. ``run()`` returns the exit code."""
+
+    def __init__(self, config: WorkerConfig, clock: Callable[[], datetime] = timezone.now) -> None:
+        self.config = config
+        self.clock = clock
+        self.backend = task_backends[config.backend_alias]
+        self.database = self.backend.settings.database
+        self.groups = build_groups(self.backend.settings, config.queues)
+        self.runner = TaskRunner(
+            self.backend,
+            clock=clock,
+            persist_deadline=config.visibility_timeout,
+            log_each_task=config.log_each_task,
+        )
+        self.visibility = timedelta(seconds=config.visibility_timeout)
+        self.stopping = threading.Event()
+        self.wakeup = threading.Event()
+        self.halt = threading.Event()  # stops background threads after shutdown
+        self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup, AttemptReport]] = (
+            queue.SimpleQueue()
+        )
+        self._leased: dict[str, ClaimedTask] = {}
+        self._leased_lock = threading.Lock()
+        self._claimed_total = 0
+        self._group_cursor = 0
+        self.processed = 0
+        self.signals_received = 0
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.concurrency, thread_name_prefix="tasks-slot"
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._install_signal_handlers()
+        register_worker(
+            self.database,
+            worker_id=self.config.worker_id,
+            backend_name=self.backend.alias,
+            queues=self.config.queues,
+            concurrency=self.config.concurrency,
+            now=self.clock(),
+        )
+        heartbeat = Heartbeat(
+            self.backend,
+            worker_id=self.config.worker_id,
+            leases=self._lease_snapshot,
+            on_lost=self._on_leases_lost,
+            clock=self.clock,
+            visibility_timeout=self.config.visibility_timeout,
+            stop=self.halt,
+        )
+        heartbeat.start()
+        if self.config.listen and self.backend.settings.notify:
+            if dialect_for(connections[self.database]).supports_notify:
+                NotifyListener(self.database, self.config.queues, self.wakeup, self.halt).start()
+        # Return what dead workers left behind before the first claim (matters for --burst).
+        reap_expired(self.backend, self.clock)
+        abandoned = 0
+        try:
+            self._loop()
+        finally:
+            abandoned = self._shutdown()
+        return 1 if abandoned else 0
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+        self.wakeup.set()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self.signals_received += 1
+            if self.signals_received > 1:
+                logger.warning("Second signal: exiting now; unfinished leases will expire.")
+                os._exit(1)
+            logger.warning(
+                "Received %s: finishing running tasks (up to %.0f s), releasing the rest.",
+                signal.Signals(signum).name,
+                self.config.shutdown_timeout,
+            )
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # -- main loop ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        backoff = PollBackoff(self.config.poll_interval)
+        while not self.stopping.is_set():
+            self.wakeup.clear()
+            self._collect_finished()
+            claimed = self._claim()
+            self._dispatch()
+            if self._max_tasks_done():
+                logger.info("Reached --max-tasks=%s; stopping.", self.config.max_tasks)
+                return
+            if self.config.burst and claimed == 0 and not self._leased:
+                logger.info("Burst mode: nothing left to do; stopping.")
+                return
+            if claimed and self._free_slots() > 0:
+                continue
+            self.wakeup.wait(backoff.next(claimed > 0))
+
+    def _free_slots(self) -> int:
+        free = self.config.concurrency + self.config.prefetch - len(self._leased)
+        if self.config.max_tasks is not None:
+            free = min(free, self.config.max_tasks - self._claimed_total)
+        return max(0, free)
+
+    def _max_tasks_done(self) -> bool:
+        max_tasks = self.config.max_tasks
+        return max_tasks is not None and self._claimed_total >= max_tasks and not self._leased
+
+    def _claim(self) -> int:
+        free = self._free_slots()
+        if free <= 0:
+            return 0
+        connection = connections[self.database]
+        dialect = dialect_for(connection)
+        total = 0
+        for group in self.groups:
+            wanted = group.doer.capacity(free)
+            if wanted <= 0:
+                continue
+            now = self.clock()
+            try:
+                claimed = dialect.claim(
+                    connection,
+                    backend_name=self.backend.alias,
+                    queues=group.queues,
+                    limit=wanted,
+                    worker_id=self.config.worker_id,
+                    lease_token=uuid.uuid4().hex,
+                    now=now,
+                    lease_expires_at=now + self.visibility,
+                )
+            except (OperationalError, InterfaceError) as exc:
+                self._database_trouble(exc)
+                return total
+            if not claimed:
+                continue
+            with self._leased_lock:
+                for task in claimed:
+                    self._leased[task.id] = task
+            group.doer.admit(claimed)
+            self._claimed_total += len(claimed)
+            free -= len(claimed)
+            total += len(claimed)
+        return total
+
+    def _database_trouble(self, exc: Exception) -> None:
+        logger.warning("Database unavailable while claiming (%s); retrying shortly.", exc)
+        try:
+            connections[self.database].close()
+        except Exception:  # noqa: BLE001 - closing a dead connection may fail too
+            pass
+        self.stopping.wait(1.0)
+
+    def _dispatch(self) -> None:
+        """Start waiting tasks on free threads, taking turns between doers."""
+        running = sum(group.doer.running for group in self.groups)
+        idle_rounds = 0
+        while running < self.config.concurrency and idle_rounds < len(self.groups):
+            group = self.groups[self._group_cursor % len(self.groups)]
+            self._group_cursor += 1
+            task = group.doer.next()
+            if task is None:
+                idle_rounds += 1
+                continue
+            idle_rounds = 0
+            running += 1
+            self._pool.submit(self._run_on_slot, task, group)
+
+    def _run_on_slot(self, task: ClaimedTask, group: QueueGroup) -> None:
+        report = self.runner.run(task)
+        self._finished.put((task, group, report))
+        self.wakeup.set()
+
+    def _collect_finished(self) -> None:
+        while True:
+            try:
+                task, group, _report = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            group.doer.finished(task)
+            with self._leased_lock:
+                self._leased.pop(task.id, None)
+            self.processed += 1
+
+    # -- leases -------------------------------------------------------------------------
+
+    def _lease_snapshot(self) -> list[tuple[str, str]]:
+        with self._leased_lock:
+            return [(task.id, task.lease_token) for task in self._leased.values()]
+
+    def _on_leases_lost(self, lost: set[str]) -> None:
+        logger.warning(
+            "Lost the lease of %d task(s) (taken over after expiry): %s; their outcomes "
+            "will not be written by this worker.",
+            len(lost),
+            ", ".join(sorted(lost)[:10]),
+        )
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    def _shutdown(self) -> int:
+        """Release unstarted claims, let running tasks finish; return how many were abandoned."""
+        self.stopping.set()
+        for group in self.groups:
+            for task in group.doer.drain():
+                self._release(task)
+                with self._leased_lock:
+                    self._leased.pop(task.id, None)
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while True:
+            self._collect_finished()
+            if not self._leased or time.monotonic() >= deadline:
+                break
+            self.wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            self.wakeup.clear()
+        abandoned = len(self._leased)
+        if abandoned:
+            logger.error(
+                "Shutdown timeout: %d task(s) still running are abandoned; their leases will "
+                "expire and another worker will retry them.",
+                abandoned,
+            )
+        self.halt.set()
+        try:
+            remove_worker(self.database, self.config.worker_id)
+        except Exception as exc:  # noqa: BLE001 - the row is pruned later anyway
+            logger.warning("Could not remove the worker row (%s).", exc)
+        self._pool.shutdown(wait=not abandoned, cancel_futures=True)
+        connections[self.database].close()
+        return abandoned
+
+    def _release(self, task: ClaimedTask) -> None:
+        outcome = transition(task, Released(), policy=self.backend.settings.retry, now=self.clock())
+        try:
+            apply_transition(self.database, task, outcome)
+        except Exception as exc:  # noqa: BLE001 - the lease expires and the reaper returns it
+            logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)

@@ -1,0 +1,231 @@
+"""Running one claimed task: resolve, call, decide the outcome, write it (fenced), signal.
+
+Nothing a task does can crash the worker: every exception, including ``SystemExit`` and
+``KeyboardInterrupt`` raised by task code, becomes the attempt's outcome. A row that
+cannot run at all (unknown path, corrupt arguments) is dead-lettered with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from inspect import iscoroutinefunction
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from django.db import InterfaceError, OperationalError, connections
+
+from .. import compat
+from ..codec import EncodeError, to_json
+from ..db.store import apply_transition
+from ..definition import resolve_task
+from ..exceptions import (
+    Abort,
+    InvalidTaskArguments,
+    ReturnValueNotSerializable,
+    TaskDeferred,
+    TaskNotRegistered,
+    TaskTimeout,
+)
+from ..lifecycle import (
+    Aborted,
+    ClaimedTask,
+    Deferred,
+    Event,
+    Failed,
+    Succeeded,
+    Transition,
+    deferred_until,
+    format_traceback,
+    transition,
+)
+from ..results import result_from_claim, task_errors
+from .timeouts import AttemptTimer
+
+if TYPE_CHECKING:
+    from ..backend import DatabaseBackend
+
+logger = logging.getLogger("django_tasks_plus.worker")
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What became of one claimed task, for the worker's bookkeeping and logs."""
+
+    task_id: str
+    status: str
+    landed: bool
+    seconds: float
+
+
+def _call(task: compat.Task, result: compat.TaskResult, claimed: ClaimedTask) -> Any:
+    args = list(claimed.args)
+    if task.takes_context:
+        args.insert(0, compat.TaskContext(task_result=result))
+    timeout = getattr(task, "timeout", None)
+    if iscoroutinefunction(task.func):
+
+        async def bounded() -> Any:
+            try:
+                return await asyncio.wait_for(task.func(*args, **claimed.kwargs), timeout)
+            except TimeoutError as exc:
+                raise TaskTimeout(f"attempt ran longer than {timeout} s") from exc
+
+        return async_to_sync(bounded)()
+    with AttemptTimer(timeout):
+        return task.func(*args, **claimed.kwargs)
+
+
+class TaskRunner:
+    """Runs claimed tasks for one worker; safe to use from many threads at once."""
+
+    def __init__(
+        self,
+        backend: DatabaseBackend,
+        *,
+        clock: Clock,
+        persist_deadline: float,
+        log_each_task: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.database = backend.settings.database
+        self.clock = clock
+        self.persist_deadline = persist_deadline
+        self.log_each_task = log_each_task
+
+    def run(self, claimed: ClaimedTask) -> AttemptReport:
+        started = time.monotonic()
+        try:
+            status, landed = self._run(claimed)
+        except BaseException:  # last line of defence: the worker thread must survive
+            logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
+            status, landed = "ERROR", False
+        finally:
+            _reset_connection_if_broken(self.database)
+        report = AttemptReport(claimed.id, status, landed, time.monotonic() - started)
+        if self.log_each_task:
+            logger.info(
+                "Task %s %s %s in %.1f ms (attempt %d)%s",
+                claimed.id,
+                claimed.task_path,
+                status,
+                report.seconds * 1000,
+                claimed.attempt,
+                "" if landed else " [result discarded: lease lost]",
+            )
+        return report
+
+    def _run(self, claimed: ClaimedTask) -> tuple[str, bool]:
+        try:
+            task = resolve_task(claimed.task_path)
+        except TaskNotRegistered as exc:
+            return self._settle_unrunnable(claimed, exc)
+        if not isinstance(claimed.args, list) or not isinstance(claimed.kwargs, dict):
+            exc = InvalidTaskArguments(
+                f"stored arguments are corrupt: args is {type(claimed.args).__name__}, "
+                f"kwargs is {type(claimed.kwargs).__name__}"
+            )
+            return self._settle_unrunnable(claimed, exc)
+
+        result = result_from_claim(task, claimed, self.clock())
+        try:
+            compat.task_started.send(sender=type(self.backend), task_result=result)
+            value = _call(task, result, claimed)
+            try:
+                stored = to_json(value, "return value")
+            except EncodeError as exc:
+                raise ReturnValueNotSerializable(
+                    f"{claimed.task_path} returned a value that cannot be stored: {exc}"
+                ) from exc
+        except TaskDeferred as exc:
+            event: Event = Deferred(deferred_until(self.clock(), exc.delay, exc.run_after))
+            return self._settle(claimed, task, result, event)
+        except (Abort, ReturnValueNotSerializable) as exc:
+            return self._settle(claimed, task, result, Aborted(exc, format_traceback(exc)))
+        except BaseException as exc:  # noqa: BLE001 - task code may raise anything
+            return self._settle(claimed, task, result, Failed(exc, format_traceback(exc)))
+        else:
+            return self._settle(claimed, task, result, Succeeded(stored))
+
+    def _settle_unrunnable(self, claimed: ClaimedTask, exc: Exception) -> tuple[str, bool]:
+        """Dead-letter a row that cannot run; there is no task to signal about."""
+        event = Aborted(exc, format_traceback(exc), reason=str(exc))
+        outcome = transition(claimed, event, policy=self.backend.settings.retry, now=self.clock())
+        landed = self._persist(claimed, outcome)
+        logger.error("Task %s dead-lettered: %s", claimed.id, exc)
+        return outcome.status, landed
+
+    def _settle(
+        self,
+        claimed: ClaimedTask,
+        task: compat.Task,
+        result: compat.TaskResult,
+        event: Event,
+    ) -> tuple[str, bool]:
+        """Write the outcome; send ``task_finished`` for final ones that landed.
+
+        Called from inside the ``except`` block on failure, so receivers of
+        ``task_finished`` see the exception in ``sys.exc_info()``, as Django documents.
+        """
+        now = self.clock()
+        outcome = transition(claimed, event, policy=self.backend.retry_policy_for(task), now=now)
+        landed = self._persist(claimed, outcome)
+        if landed and outcome.is_final:
+            _update_result(result, outcome, now)
+            compat.task_finished.send(sender=type(self.backend), task_result=result)
+        elif not landed:
+            logger.warning(
+                "Task %s: lease lost before the outcome (%s) was written; another worker owns "
+                "it now, so this outcome is discarded.",
+                claimed.id,
+                outcome.status,
+            )
+        return outcome.status, landed
+
+    def _persist(self, claimed: ClaimedTask, outcome: Transition) -> bool:
+        """Write with retries while the database is unreachable, up to the lease's life."""
+        deadline = time.monotonic() + self.persist_deadline
+        delay = 0.2
+        while True:
+            try:
+                return apply_transition(self.database, claimed, outcome)
+            except (OperationalError, InterfaceError) as exc:
+                _reset_connection_if_broken(self.database, force=True)
+                if time.monotonic() + delay > deadline:
+                    logger.error(
+                        "Task %s: could not write its outcome (%s); the lease will expire and "
+                        "the task will be retried.",
+                        claimed.id,
+                        exc,
+                    )
+                    return False
+                logger.warning("Task %s: database unavailable (%s), retrying", claimed.id, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime) -> None:
+    """Give signal receivers the final state without another query."""
+    object.__setattr__(result, "status", compat.TaskResultStatus(outcome.status))
+    object.__setattr__(result, "finished_at", outcome.values.get("finished_at", now))
+    if "return_value" in outcome.values:
+        object.__setattr__(result, "_return_value", outcome.values["return_value"])
+    if outcome.error is not None:
+        result.errors.extend(task_errors([outcome.error]))
+
+
+def _reset_connection_if_broken(database: str, *, force: bool = False) -> None:
+    """Drop this thread's connection if it failed, so the next use reconnects."""
+    connection = connections[database]
+    if connection.connection is None:
+        return
+    if force or connection.errors_occurred:
+        if force or not connection.is_usable():
+            connection.close()
+        connection.errors_occurred = False

@@ -1,0 +1,72 @@
+"""The worker's background upkeep: renew leases, prove liveness, return expired leases."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
+
+from ..db.store import heartbeat_worker, prune_workers, renew_leases
+from .reaper import reap_expired
+
+if TYPE_CHECKING:
+    from ..backend import DatabaseBackend
+
+logger = logging.getLogger("django_tasks_plus.worker")
+
+# A worker row silent for this many visibility timeouts belongs to a dead process.
+STALE_WORKER_FACTOR = 10
+
+
+class Heartbeat(threading.Thread):
+    """Every ``interval`` seconds: renew in-flight leases in one statement, touch the
+    worker row, and reap leases that other (dead) workers let expire."""
+
+    def __init__(
+        self,
+        backend: DatabaseBackend,
+        *,
+        worker_id: str,
+        leases: Callable[[], Iterable[tuple[str, str]]],
+        on_lost: Callable[[set[str]], None],
+        clock: Callable[[], datetime],
+        visibility_timeout: float,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name="tasks-heartbeat", daemon=True)
+        self.backend = backend
+        self.database = backend.settings.database
+        self.worker_id = worker_id
+        self.leases = leases
+        self.on_lost = on_lost
+        self.clock = clock
+        self.visibility = timedelta(seconds=visibility_timeout)
+        self.interval = max(0.05, visibility_timeout / 3)
+        self.stop = stop
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(self.interval):
+                self.beat()
+        finally:
+            connections[self.database].close()
+
+    def beat(self) -> None:
+        """One round of upkeep; failures are logged and retried next round."""
+        try:
+            now = self.clock()
+            lost = renew_leases(self.database, self.leases(), now + self.visibility)
+            if lost:
+                self.on_lost(lost)
+            heartbeat_worker(self.database, self.worker_id, now)
+            reap_expired(self.backend, self.clock)
+            prune_workers(self.database, now - self.visibility * STALE_WORKER_FACTOR)
+        except DatabaseError as exc:
+            logger.warning("Heartbeat failed (%s); will retry", exc)
+            connections[self.database].close()
+        except Exception:
+            logger.exception("Heartbeat failed unexpectedly; will retry")

@@ -1,0 +1,92 @@
+"""How an idle worker learns there is work: NOTIFY on PostgreSQL, adaptive polling elsewhere."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from django.db import connections
+
+from ..db.base import NOTIFY_CHANNEL
+
+logger = logging.getLogger("django_tasks_plus.worker")
+
+MIN_POLL = 0.02
+
+
+class PollBackoff:
+    """Wait briefly after work was found, doubling up to ``maximum`` while there is none.
+
+    Keeps a busy queue's latency low without hammering the database when it is idle.
+    """
+
+    def __init__(self, maximum: float, minimum: float = MIN_POLL) -> None:
+        self.minimum = min(minimum, maximum)
+        self.maximum = maximum
+        self.current = self.minimum
+
+    def next(self, found_work: bool) -> float:
+        if found_work:
+            self.current = self.minimum
+        else:
+            self.current = min(self.maximum, self.current * 2)
+        return self.current
+
+
+class NotifyListener(threading.Thread):
+    """Holds a LISTEN connection and sets ``wakeup`` when one of ``queues`` gets a task.
+
+    It has its own psycopg connection (not Django's, which is thread-bound), reconnects
+    after failures, and stops within a second of ``stop`` being set.
+    """
+
+    def __init__(
+        self,
+        database: str,
+        queues: Iterable[str],
+        wakeup: threading.Event,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name="tasks-notify-listener", daemon=True)
+        self.database = database
+        self.queues = frozenset(queues)
+        self.wakeup = wakeup
+        self.stop = stop
+        self.connected = threading.Event()
+
+    def _connect(self):  # type: ignore[no-untyped-def]
+        import psycopg
+
+        params = connections[self.database].get_connection_params()
+        for key in ("cursor_factory", "context", "server_side_binding", "pool"):
+            params.pop(key, None)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+        return conn
+
+    def run(self) -> None:
+        delay = 0.5
+        while not self.stop.is_set():
+            try:
+                conn = self._connect()
+            except Exception as exc:  # noqa: BLE001 - any connect failure: retry later
+                logger.warning("LISTEN connection failed (%s); retrying in %.1f s", exc, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            delay = 0.5
+            self.connected.set()
+            # A notification may have been missed while disconnected: look once.
+            self.wakeup.set()
+            try:
+                with conn:
+                    while not self.stop.is_set():
+                        for notify in conn.notifies(timeout=1.0):
+                            if notify.payload in self.queues:
+                                self.wakeup.set()
+            except Exception as exc:  # noqa: BLE001
+                if not self.stop.is_set():
+                    logger.warning("LISTEN connection lost (%s); reconnecting", exc)
+            finally:
+                self.connected.clear()

@@ -1,0 +1,153 @@
+"""Settings for the django-tasks-plus test/demo project.
+
+Configuration comes from environment variables only (no ``.env`` file is read):
+
+``DEBUG``            default ``True``
+``SECRET_KEY``       default: an insecure development key
+``ALLOWED_HOSTS``    comma-separated; default ``*`` when DEBUG, else empty
+``DATABASE_URL``     default: SQLite file ``testproject/db.sqlite3``
+``TEST_SQLITE_NAME`` SQLite test database file (default ``testproject/test_db.sqlite3``)
+``TASKS_LOG_LEVEL``  level of the ``django_tasks_plus`` logger (default ``INFO``)
+"""
+
+from pathlib import Path
+
+import django
+import environ
+
+# The folder holding manage.py.
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=True)
+SECRET_KEY = env.str(
+    "SECRET_KEY",
+    default="django-insecure-dev-only-key-for-the-django-tasks-plus-testproject",
+)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"] if DEBUG else [])
+
+# --------------------------------------------------------------------------------------
+# Database
+# --------------------------------------------------------------------------------------
+
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        # WAL lets readers proceed while a worker holds the write lock; IMMEDIATE
+        # transactions take that lock up front instead of failing on upgrade.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        **DATABASES["default"].get("OPTIONS", {}),
+    }
+    # Tests start worker subprocesses that must open the same test database, so the
+    # test database is always a file, never in-memory.
+    DATABASES["default"]["TEST"] = {
+        "NAME": env.str("TEST_SQLITE_NAME", default=str(BASE_DIR / "test_db.sqlite3")),
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --------------------------------------------------------------------------------------
+# Applications
+# --------------------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+]
+if django.VERSION < (6, 0):
+    # Django 5.2 has no django.tasks; the django-tasks backport provides it.
+    INSTALLED_APPS.append("django_tasks")
+INSTALLED_APPS += [
+    "django_tasks_plus",
+    "example",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+WSGI_APPLICATION = "testproject.wsgi.application"
+ASGI_APPLICATION = "testproject.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --------------------------------------------------------------------------------------
+# Tasks
+# --------------------------------------------------------------------------------------
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_tasks_plus.backend.DatabaseBackend",
+        "QUEUES": ["default", "emails", "slow", "other"],
+        "OPTIONS": {},
+    },
+}
+
+# --------------------------------------------------------------------------------------
+# Internationalisation, static files
+# --------------------------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --------------------------------------------------------------------------------------
+# Logging
+# --------------------------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "console": {
+            "format": "%(asctime)s %(levelname)-7s %(name)s [pid %(process)d] %(message)s",
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "console",
+        },
+    },
+    "loggers": {
+        # Records still propagate to the root logger (pytest's caplog listens there).
+        "django_tasks_plus": {
+            "handlers": ["console"],
+            "level": env.str("TASKS_LOG_LEVEL", default="INFO").upper(),
+        },
+    },
+}

@@ -1,0 +1,110 @@
+"""Fixtures that start real ``runtasks`` processes against the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+REPO = Path(__file__).resolve().parent.parent
+MANAGE = REPO / "testproject" / "manage.py"
+
+
+def database_url() -> str:
+    """A DATABASE_URL naming the *test* database, for worker subprocesses."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    if connection.vendor == "postgresql":
+        user = quote(settings.get("USER") or "")
+        password = settings.get("PASSWORD") or ""
+        auth = f"{user}:{quote(password)}@" if password else (f"{user}@" if user else "")
+        host = settings.get("HOST") or "localhost"
+        port = settings.get("PORT") or 5432
+        return f"postgres://{auth}{host}:{port}/{settings['NAME']}"
+    raise RuntimeError(f"no subprocess URL for {connection.vendor}")
+
+
+def worker_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "testproject")])
+    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    env["DTP_TEST_MARKERS"] = str(tmp_path)
+    env["DTP_SIGNAL_LOG"] = str(tmp_path / "signals.log")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def runtasks_command(*args: str) -> list[str]:
+    return [sys.executable, str(MANAGE), "runtasks", *args]
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def run_worker(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``runtasks ARGS`` to completion (normally with --burst) and return its output."""
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            runtasks_command(*args),
+            env=worker_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start ``runtasks ARGS`` in the background; every process is killed at teardown."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        log = open(tmp_path / f"worker-{len(started)}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            runtasks_command(*args),
+            env=worker_env(tmp_path),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:
+    """Poll ``condition`` until true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def worker_log(tmp_path: Path, index: int = 0) -> str:
+    return (tmp_path / f"worker-{index}.log").read_text()

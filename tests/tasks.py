@@ -1,0 +1,138 @@
+"""Tasks the test suite enqueues; worker subprocesses import this module by path."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from django.db import connection
+
+from django_tasks_plus import Abort, TaskDeferred, exponential_backoff, task
+from django_tasks_plus.compat import task_finished, task_started
+
+# No waiting between attempts, so retries run within one --burst.
+NO_WAIT = exponential_backoff(initial_delay=0, max_delay=0, max_attempts=3, jitter=False)
+LEDGER_TABLE = "dtp_test_ledger"
+
+
+def _marker(name: str) -> Path | None:
+    folder = os.environ.get("DTP_TEST_MARKERS")
+    return Path(folder) / name if folder else None
+
+
+def _signal_log(line: str) -> None:
+    path = os.environ.get("DTP_SIGNAL_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+
+def _on_started(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
+    _signal_log(f"started {task_result.id} {task_result.status} attempt={task_result.attempts}")
+
+
+def _on_finished(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
+    in_except = sys.exc_info()[0] is not None
+    _signal_log(f"finished {task_result.id} {task_result.status} in_except={in_except}")
+
+
+task_started.connect(_on_started, dispatch_uid="dtp-tests-started")
+task_finished.connect(_on_finished, dispatch_uid="dtp-tests-finished")
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(priority=5, queue_name="other")
+def echo(*args, **kwargs):  # type: ignore[no-untyped-def]
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task(retry=NO_WAIT)
+def always_fails(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(takes_context=True, retry=NO_WAIT)
+def succeeds_on_third(context) -> list[int]:  # type: ignore[no-untyped-def]
+    if context.attempt < 3:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return [context.attempt, len(context.task_result.worker_ids)]
+
+
+@task(takes_context=True, retry=NO_WAIT)
+def defers_once(context) -> int:  # type: ignore[no-untyped-def]
+    marker = _marker(f"deferred-{context.task_result.id}")
+    if marker is not None and not marker.exists():
+        marker.touch()
+        raise TaskDeferred(delay=0)
+    return context.attempt
+
+
+@task(retry=NO_WAIT)
+def aborts() -> None:
+    raise Abort("this payload can never work")
+
+
+@task(retry=NO_WAIT)
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@task(retry=exponential_backoff(max_attempts=1), timeout=0.5)
+def spins_forever() -> None:
+    while True:
+        time.sleep(0.01)
+
+
+@task(retry=NO_WAIT)
+def returns_unstorable() -> object:
+    return object()
+
+
+@task(retry=NO_WAIT)
+def raises_system_exit() -> None:
+    raise SystemExit(3)
+
+
+@task(takes_context=True, retry=NO_WAIT, queue_name="slow")
+def slow_first_attempt(context, seconds: float) -> int:  # type: ignore[no-untyped-def]
+    """Sleeps on attempt 1 only (after leaving a marker), so a killed attempt can be retried."""
+    if context.attempt == 1:
+        marker = _marker(f"started-{context.task_result.id}")
+        if marker is not None:
+            marker.touch()
+        time.sleep(seconds)
+    return context.attempt
+
+
+@task(queue_name="slow")
+def sleep_then_return(seconds: float) -> float:
+    marker = _marker(f"sleeping-{seconds}")
+    if marker is not None:
+        marker.touch()
+    time.sleep(seconds)
+    return seconds
+
+
+@task(retry=NO_WAIT)
+def record(n: int) -> int:
+    """Append one line to the ledger table: how often each task body really ran."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (n, pid) VALUES (%s, %s)", [n, os.getpid()])
+    return n
+
+
+def not_a_task() -> str:
+    """A plain function: a row naming it must be refused, never run."""
+    marker = _marker("not-a-task-ran")
+    if marker is not None:
+        marker.touch()
+    return "ran"
