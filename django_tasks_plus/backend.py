@@ -54,9 +54,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
     # -- enqueue ------------------------------------------------------------------------
 
-    def enqueue(
-        self, task: compat.Task, args: Any, kwargs: Any
-    ) -> compat.TaskResult:
+    def enqueue(self, task: compat.Task, args: Any, kwargs: Any) -> compat.TaskResult:
         """Insert the task on the caller's connection, inside the caller's transaction."""
         self.validate_task(task)
         args, kwargs = tuple(args), dict(kwargs)
@@ -164,4 +162,3 @@ class DatabaseBackend(compat.BaseTaskBackend):
         for problem in dialect.check(connections[database]):
             errors.append(checks.Error(problem, id="django_tasks_plus.E004"))
         return errors
-

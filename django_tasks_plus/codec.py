@@ -44,7 +44,8 @@ def to_json(value: Any, path: str) -> JsonValue:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise EncodeError(
-                    path, f"has the key {key!r} ({type(key).__name__}); only str keys can be stored."
+                    path,
+                    f"has the key {key!r} ({type(key).__name__}); only str keys can be stored.",
                 )
             out[to_json(key, f"{path} key")] = to_json(item, f"{path}[{key!r}]")  # type: ignore[index]
         return out

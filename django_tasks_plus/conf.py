@@ -88,7 +88,9 @@ def _retry_policy(alias: str, value: Any) -> RetryPolicy:
         try:
             value = import_string(value)
         except ImportError as exc:
-            raise _fail(alias, "RETRY", f"names {value!r}, which cannot be imported: {exc}") from exc
+            raise _fail(
+                alias, "RETRY", f"names {value!r}, which cannot be imported: {exc}"
+            ) from exc
     try:
         return validate_policy(value, f"TASKS[{alias!r}]['OPTIONS']['RETRY']")
     except InvalidRetryPolicy as exc:
@@ -151,11 +153,15 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
 
     queues_config = merged["QUEUES_CONFIG"]
     if not isinstance(queues_config, Mapping):
-        raise _fail(alias, "QUEUES_CONFIG", f"must be a dict of queue name -> doer, got {queues_config!r}.")
+        raise _fail(
+            alias, "QUEUES_CONFIG", f"must be a dict of queue name -> doer, got {queues_config!r}."
+        )
     for queue, spec in queues_config.items():
         if queue not in queues:
             raise _fail(
-                alias, "QUEUES_CONFIG", f"configures queue {queue!r}, which is not in QUEUES {sorted(queues)}."
+                alias,
+                "QUEUES_CONFIG",
+                f"configures queue {queue!r}, which is not in QUEUES {sorted(queues)}.",
             )
         _doer_spec(alias, f"QUEUES_CONFIG'][{queue!r}", spec)
 
@@ -164,7 +170,9 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         queues=queues,
         database=database,
         retry=_retry_policy(alias, merged["RETRY"]),
-        visibility_timeout=_positive_number(alias, "VISIBILITY_TIMEOUT", merged["VISIBILITY_TIMEOUT"]),
+        visibility_timeout=_positive_number(
+            alias, "VISIBILITY_TIMEOUT", merged["VISIBILITY_TIMEOUT"]
+        ),
         poll_interval=_positive_number(alias, "POLL_INTERVAL", merged["POLL_INTERVAL"]),
         concurrency=_positive_int(alias, "CONCURRENCY", merged["CONCURRENCY"]),
         prefetch=_non_negative_int(alias, "PREFETCH", merged["PREFETCH"]),

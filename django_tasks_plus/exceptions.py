@@ -67,7 +67,7 @@ class ReturnValueNotSerializable(TasksPlusError):
     """The task returned a value that cannot be stored as JSON."""
 
 
-class TaskDeferred(TasksPlusError):  # noqa: N818 - reads as an event, like StopIteration
+class TaskDeferred(TasksPlusError):
     """Raise from a task to run it again later without spending an attempt.
 
     Give either ``delay`` (a ``timedelta`` or seconds) or ``run_after`` (an aware datetime).
@@ -95,7 +95,7 @@ class TaskDeferred(TasksPlusError):  # noqa: N818 - reads as an event, like Stop
         self.run_after = run_after
 
 
-class Abort(TasksPlusError):  # noqa: N818 - a verb, raised by task code on purpose
+class Abort(TasksPlusError):
     """Raise from a task to dead-letter it now, whatever its retry policy says."""
 
 

@@ -140,7 +140,10 @@ def transition(
             TaskResultStatus.SUCCESSFUL, {"return_value": event.return_value, "finished_at": now}
         )
     if isinstance(event, Released):
-        return Transition(TaskResultStatus.READY, _without_last_attempt(task))
+        values = _without_last_attempt(task)
+        if values["attempt"] == 0:  # never ran at all: it has not started either
+            values.update(started_at=None, last_attempted_at=None)
+        return Transition(TaskResultStatus.READY, values)
     if isinstance(event, Deferred):
         return Transition(
             TaskResultStatus.READY, {**_without_last_attempt(task), "run_after": event.run_after}

@@ -24,7 +24,9 @@ class TaskRecord(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
-    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH, default="default")
+    backend_name = models.CharField(
+        _("backend"), max_length=QUEUE_NAME_MAX_LENGTH, default="default"
+    )
     queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH, default="default")
     priority = models.SmallIntegerField(_("priority"), default=0)
     args = models.JSONField(_("args"), default=list, blank=True)

@@ -48,7 +48,9 @@ class ExponentialBackoff:
     rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "initial_delay", _as_timedelta("initial_delay", self.initial_delay))
+        object.__setattr__(
+            self, "initial_delay", _as_timedelta("initial_delay", self.initial_delay)
+        )
         object.__setattr__(self, "max_delay", _as_timedelta("max_delay", self.max_delay))
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
             raise InvalidRetryPolicy(f"max_attempts must be an int, got {self.max_attempts!r}.")

@@ -67,17 +67,21 @@ fi
 worker_pid=""
 stop_worker() {
     [[ -n $worker_pid ]] || return 0
+    # Signal first: if the terminal (or a pipe we write to) is gone, the messages
+    # below may fail, but the worker must still be stopped.
+    trap '' PIPE INT
+    kill -TERM "$worker_pid" 2>/dev/null || {
+        worker_pid=""
+        return 0
+    }
+    echo "Stopping the worker (pid $worker_pid)..." 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        kill -0 "$worker_pid" 2>/dev/null || break
+        sleep 0.1
+    done
     if kill -0 "$worker_pid" 2>/dev/null; then
-        echo "Stopping the worker (pid $worker_pid)..."
-        kill -TERM "$worker_pid" 2>/dev/null || true
-        for _ in $(seq 1 100); do
-            kill -0 "$worker_pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$worker_pid" 2>/dev/null; then
-            echo "The worker did not stop within 10 s; killing it."
-            kill -KILL "$worker_pid" 2>/dev/null || true
-        fi
+        echo "The worker did not stop within 10 s; killing it." 2>/dev/null || true
+        kill -KILL "$worker_pid" 2>/dev/null || true
     fi
     wait "$worker_pid" 2>/dev/null || true
     worker_pid=""

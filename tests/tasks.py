@@ -6,7 +6,6 @@ import asyncio
 import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from django.db import connection

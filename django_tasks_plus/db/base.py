@@ -67,10 +67,7 @@ def insert_sql_and_params(
 
 
 def _as_datetime(value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        parsed = value
-    else:
-        parsed = parse_datetime(value)
+    parsed = value if value is None or isinstance(value, datetime) else parse_datetime(value)
     if parsed is not None and parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed

@@ -9,10 +9,6 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..compat import TaskResultStatus
-
-# Inlined as literals (not parameters) so the planner can match the partial READY index.
-READY = TaskResultStatus.READY.value
-RUNNING = TaskResultStatus.RUNNING.value
 from ..lifecycle import ClaimedTask
 from .base import (
     CLAIM_COLUMNS,
@@ -24,6 +20,10 @@ from .base import (
     prep,
     table,
 )
+
+# Inlined as literals (not parameters) so the planner can match the partial READY index.
+READY = TaskResultStatus.READY.value
+RUNNING = TaskResultStatus.RUNNING.value
 
 
 class PostgreSQLDialect(Dialect):

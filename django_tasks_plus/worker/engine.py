@@ -7,6 +7,7 @@ wake-ups. Doers are only touched by the main thread, so they need no locks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -32,7 +33,7 @@ from .doers import Doer, make_doer
 from .execution import AttemptReport, TaskRunner
 from .heartbeat import Heartbeat
 from .reaper import reap_expired
-from .wakeup import NotifyListener, PollBackoff
+from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -108,6 +109,7 @@ class Worker:
         self._group_cursor = 0
         self.processed = 0
         self.signals_received = 0
+        self.listening = False
         self._pool = ThreadPoolExecutor(
             max_workers=config.concurrency, thread_name_prefix="tasks-slot"
         )
@@ -134,9 +136,13 @@ class Worker:
             stop=self.halt,
         )
         heartbeat.start()
-        if self.config.listen and self.backend.settings.notify:
-            if dialect_for(connections[self.database]).supports_notify:
-                NotifyListener(self.database, self.config.queues, self.wakeup, self.halt).start()
+        self.listening = (
+            self.config.listen
+            and self.backend.settings.notify
+            and dialect_for(connections[self.database]).supports_notify
+        )
+        if self.listening:
+            NotifyListener(self.database, self.config.queues, self.wakeup, self.halt).start()
         # Return what dead workers left behind before the first claim (matters for --burst).
         reap_expired(self.backend, self.clock)
         abandoned = 0
@@ -172,7 +178,9 @@ class Worker:
     # -- main loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
-        backoff = PollBackoff(self.config.poll_interval)
+        # With NOTIFY, new tasks wake us; polling only catches tasks whose run_after arrives.
+        minimum = self.config.poll_interval if self.listening else MIN_POLL
+        backoff = PollBackoff(self.config.poll_interval, minimum)
         while not self.stopping.is_set():
             self.wakeup.clear()
             self._collect_finished()
@@ -237,10 +245,8 @@ class Worker:
 
     def _database_trouble(self, exc: Exception) -> None:
         logger.warning("Database unavailable while claiming (%s); retrying shortly.", exc)
-        try:
+        with contextlib.suppress(Exception):  # closing a dead connection may fail too
             connections[self.database].close()
-        except Exception:  # noqa: BLE001 - closing a dead connection may fail too
-            pass
         self.stopping.wait(1.0)
 
     def _dispatch(self) -> None:
@@ -315,7 +321,7 @@ class Worker:
         self.halt.set()
         try:
             remove_worker(self.database, self.config.worker_id)
-        except Exception as exc:  # noqa: BLE001 - the row is pruned later anyway
+        except Exception as exc:
             logger.warning("Could not remove the worker row (%s).", exc)
         self._pool.shutdown(wait=not abandoned, cancel_futures=True)
         connections[self.database].close()
@@ -325,5 +331,5 @@ class Worker:
         outcome = transition(task, Released(), policy=self.backend.settings.retry, now=self.clock())
         try:
             apply_transition(self.database, task, outcome)
-        except Exception as exc:  # noqa: BLE001 - the lease expires and the reaper returns it
+        except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)

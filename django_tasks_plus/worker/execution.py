@@ -148,7 +148,7 @@ class TaskRunner:
             return self._settle(claimed, task, result, event)
         except (Abort, ReturnValueNotSerializable) as exc:
             return self._settle(claimed, task, result, Aborted(exc, format_traceback(exc)))
-        except BaseException as exc:  # noqa: BLE001 - task code may raise anything
+        except BaseException as exc:
             return self._settle(claimed, task, result, Failed(exc, format_traceback(exc)))
         else:
             return self._settle(claimed, task, result, Succeeded(stored))

@@ -25,9 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
-def reap_expired(
-    backend: DatabaseBackend, clock: Callable[[], datetime], limit: int = 100
-) -> int:
+def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit: int = 100) -> int:
     """Settle up to ``limit`` expired leases; return how many this call settled."""
     database = backend.settings.database
     now = clock()

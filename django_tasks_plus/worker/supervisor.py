@@ -7,6 +7,7 @@ Database connections are closed before forking so no child inherits a shared soc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,10 +47,8 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
         nonlocal stopping
         stopping = True
         for pid in list(children):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)

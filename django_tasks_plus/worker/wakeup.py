@@ -70,7 +70,7 @@ class NotifyListener(threading.Thread):
         while not self.stop.is_set():
             try:
                 conn = self._connect()
-            except Exception as exc:  # noqa: BLE001 - any connect failure: retry later
+            except Exception as exc:
                 logger.warning("LISTEN connection failed (%s); retrying in %.1f s", exc, delay)
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10.0)
@@ -85,7 +85,7 @@ class NotifyListener(threading.Thread):
                         for notify in conn.notifies(timeout=1.0):
                             if notify.payload in self.queues:
                                 self.wakeup.set()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not self.stop.is_set():
                     logger.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:

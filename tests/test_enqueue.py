@@ -1,0 +1,222 @@
+"""The backend in the caller's process: enqueue, results, transactions, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from django_tasks_plus import InvalidTaskArguments, InvalidTaskOptions, Task, TaskResultStatus
+from django_tasks_plus.compat import InvalidTask, task_backends, task_enqueued
+from django_tasks_plus.models import TaskRecord
+from tests import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_backend_features():
+    backend = task_backends["default"]
+    assert backend.supports_defer
+    assert backend.supports_async_task
+    assert backend.supports_get_result
+    assert backend.supports_priority
+    assert backend.task_class is Task
+    assert isinstance(tasks.add, Task)
+
+
+def test_enqueue_writes_one_ready_row():
+    result = tasks.echo.enqueue(1, "two", (3, 4), key={"nested": [None, True, 1.5]})
+    record = TaskRecord.objects.get(pk=result.id)
+    assert record.status == TaskResultStatus.READY
+    assert record.task_path == "tests.tasks.echo"
+    assert record.queue_name == "other"
+    assert record.priority == 5
+    assert record.args == [1, "two", [3, 4]]
+    assert record.kwargs == {"key": {"nested": [None, True, 1.5]}}
+    assert record.attempt == 0
+    assert record.worker_ids == []
+    assert record.run_after == record.enqueued_at
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [1, "two", [3, 4]]
+
+
+def test_get_result_and_refresh_read_the_row():
+    result = tasks.add.enqueue(1, 2)
+    fetched = tasks.add.get_result(result.id)
+    assert fetched.id == result.id
+    assert fetched.status == TaskResultStatus.READY
+    assert fetched.enqueued_at == result.enqueued_at
+    assert fetched.task.func is tasks.add.func
+
+    TaskRecord.objects.filter(pk=result.id).update(
+        status=TaskResultStatus.SUCCESSFUL, return_value=3, finished_at=timezone.now()
+    )
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3
+
+
+def test_async_enqueue_and_get_result():
+    async def scenario():
+        result = await tasks.add.aenqueue(5, 6)
+        fetched = await tasks.add.aget_result(result.id)
+        await result.arefresh()
+        # The async API ran on asgiref's shared thread: close the connection it opened.
+        await sync_to_async(connections.close_all)()
+        return result, fetched
+
+    result, fetched = asyncio.run(scenario())
+    assert fetched.id == result.id
+    assert TaskRecord.objects.filter(pk=result.id).exists()
+
+
+def test_using_overrides_are_stored():
+    when = timezone.now() + dt.timedelta(minutes=5)
+    result = tasks.add.using(priority=-7, queue_name="emails", run_after=when).enqueue(1, 1)
+    record = TaskRecord.objects.get(pk=result.id)
+    assert (record.priority, record.queue_name, record.run_after) == (-7, "emails", when)
+    fetched = tasks.add.get_result(result.id)
+    assert fetched.task.priority == -7
+    assert fetched.task.queue_name == "emails"
+    assert fetched.task.run_after == when
+
+
+def test_rollback_means_the_task_never_existed():
+    seen = []
+    task_enqueued.connect(
+        lambda sender, task_result, **kw: seen.append(task_result.id),
+        weak=False,
+        dispatch_uid="test-rollback",
+    )
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            result = tasks.add.enqueue(1, 1)
+            assert TaskRecord.objects.filter(pk=result.id).exists()
+            raise RuntimeError("roll back")
+        assert not TaskRecord.objects.filter(pk=result.id).exists()
+        assert result.id not in seen  # task_enqueued waits for the commit
+
+        with transaction.atomic():
+            committed = tasks.add.enqueue(2, 2)
+            assert committed.id not in seen
+        assert committed.id in seen
+    finally:
+        task_enqueued.disconnect(dispatch_uid="test-rollback")
+
+
+def test_uncommitted_task_is_invisible_to_a_worker(start_worker, markers):
+    """A worker runs the task only once the enqueuing transaction commits."""
+    with transaction.atomic():
+        result = tasks.add.enqueue(3, 4)
+        worker = start_worker("--max-tasks", "1", "--poll-interval", "0.1")
+        # Long enough for the worker to start and poll many times (on SQLite its claim
+        # waits for our write lock; on PostgreSQL it simply does not see the row).
+        threading.Event().wait(3)
+        assert worker.poll() is None, "worker exited before the task was committed"
+    worker.wait(timeout=60)
+    assert worker.returncode == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 7
+
+
+# -- bad input: a clear typed error, and no row ---------------------------------------
+
+
+def _no_rows() -> bool:
+    return not TaskRecord.objects.exists()
+
+
+def test_non_serializable_argument_is_refused():
+    with pytest.raises(InvalidTaskArguments, match=r"args\[1\]\['when'\] is a datetime.datetime"):
+        tasks.echo.enqueue(1, {"when": dt.datetime.now()})
+    with pytest.raises(InvalidTaskArguments, match=r"kwargs\['obj'\] is a builtins.object"):
+        tasks.echo.enqueue(obj=object())
+    with pytest.raises(InvalidTaskArguments, match="only str keys"):
+        tasks.echo.enqueue({1: "int key"})
+    with pytest.raises(InvalidTaskArguments, match="only finite numbers"):
+        tasks.echo.enqueue(float("nan"))
+    with pytest.raises(InvalidTaskArguments, match="NUL character"):
+        tasks.echo.enqueue("a\x00b")
+    assert _no_rows()
+
+
+def test_wrong_arity_is_refused_at_enqueue():
+    with pytest.raises(InvalidTaskArguments, match=r"tests.tasks.add\(\) cannot be called"):
+        tasks.add.enqueue(1)
+    with pytest.raises(InvalidTaskArguments, match="unexpected keyword argument 'c'"):
+        tasks.add.enqueue(1, 2, c=3)
+    assert _no_rows()
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1.5])
+def test_priority_out_of_range_is_refused(priority):
+    with pytest.raises(InvalidTask, match="priority must be a whole number between -100 and 100"):
+        tasks.add.using(priority=priority).enqueue(1, 2)
+    assert _no_rows()
+
+
+def test_queue_not_served_is_refused():
+    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid for backend"):
+        tasks.add.using(queue_name="nowhere").enqueue(1, 2)
+    assert _no_rows()
+
+
+def test_naive_run_after_is_refused():
+    with pytest.raises(InvalidTask, match="run_after must be an aware datetime"):
+        tasks.add.using(run_after=dt.datetime(2030, 1, 1)).enqueue(1, 2)
+    assert _no_rows()
+
+
+def test_bad_task_options_are_refused_at_definition():
+    from django_tasks_plus import task
+
+    with pytest.raises(InvalidTaskOptions, match="retry must be a policy callable"):
+        task(retry=5)(tasks.not_a_task)
+    with pytest.raises(InvalidTaskOptions, match="timeout must be a positive number"):
+        task(timeout=-1)(tasks.not_a_task)
+    with pytest.raises(InvalidTaskOptions, match="timeout must be a positive number"):
+        task(timeout="10")(tasks.not_a_task)
+
+
+def test_get_result_for_a_row_naming_a_removed_task():
+    from django_tasks_plus import TaskNotRegistered
+
+    now = timezone.now()
+    row = TaskRecord.objects.create(
+        task_path="tests.tasks.was_removed", run_after=now, enqueued_at=now
+    )
+    with pytest.raises(TaskNotRegistered, match="not a task in this codebase"):
+        task_backends["default"].get_result(str(row.pk))
+
+
+def test_database_unavailable_at_enqueue_is_a_clear_retryable_error(tmp_path):
+    from django_tasks_plus import DatabaseUnavailable
+
+    # Point the connection somewhere that cannot answer: a closed port on PostgreSQL, a
+    # file in a missing folder on SQLite. Same error path as a server that went down.
+    original = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "postgresql":
+        connection.settings_dict["PORT"] = "1"
+    else:
+        connection.settings_dict["NAME"] = str(tmp_path / "missing-folder" / "db.sqlite3")
+    try:
+        with pytest.raises(DatabaseUnavailable, match="database 'default' is unavailable") as info:
+            tasks.add.enqueue(1, 2)
+        assert info.value.retryable
+    finally:
+        connection.close()
+        connection.settings_dict.update(original)
+    assert _no_rows()
+
+
+def test_result_ids_are_uuids():
+    result = tasks.add.enqueue(1, 2)
+    assert str(uuid.UUID(result.id)) == result.id

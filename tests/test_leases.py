@@ -1,0 +1,197 @@
+"""Leases, heartbeats, the reaper, fencing and graceful shutdown, with real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_tasks_plus.compat import TaskResultStatus, task_backends
+from django_tasks_plus.db import dialect_for
+from django_tasks_plus.db.store import apply_transition, renew_leases
+from django_tasks_plus.lifecycle import Succeeded, transition
+from django_tasks_plus.models import TaskRecord, WorkerRecord
+from django_tasks_plus.worker.reaper import reap_expired
+from tests import tasks
+from tests.conftest import wait_for, worker_log
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _row(result) -> TaskRecord:  # type: ignore[no-untyped-def]
+    return TaskRecord.objects.get(pk=result.id)
+
+
+def _lease_expired(result) -> bool:  # type: ignore[no-untyped-def]
+    row = _row(result)
+    return row.lease_expires_at is not None and row.lease_expires_at < timezone.now()
+
+
+def test_killed_worker_task_is_finished_by_another(start_worker, run_worker, markers):
+    result = tasks.slow_first_attempt.enqueue(60)
+    victim = start_worker(
+        "--worker-id", "victim", "--visibility-timeout", "1", "--concurrency", "1"
+    )
+    wait_for(lambda: (markers / f"started-{result.id}").exists())
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=10)
+
+    wait_for(lambda: _lease_expired(result), timeout=10)
+    proc = run_worker("--burst", "--worker-id", "rescuer", "--visibility-timeout", "1")
+    assert proc.returncode == 0, proc.stderr
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 2
+    assert result.worker_ids == ["victim", "rescuer"]
+    assert result.errors[0].exception_class_path == "django_tasks_plus.exceptions.LeaseExpired"
+    assert "worker victim stopped renewing its lease" in result.errors[0].traceback
+
+
+def test_heartbeat_keeps_a_long_task_leased(start_worker, run_worker, markers):
+    result = tasks.slow_first_attempt.enqueue(3)
+    owner = start_worker("--worker-id", "owner", "--visibility-timeout", "1", "--max-tasks", "1")
+    wait_for(lambda: (markers / f"started-{result.id}").exists())
+    # Three lease lengths pass while the task runs; other workers must keep their hands off.
+    for _ in range(3):
+        proc = run_worker("--burst", "--worker-id", "intruder", "--visibility-timeout", "1")
+        assert proc.returncode == 0, proc.stderr
+    owner.wait(timeout=30)
+    assert owner.returncode == 0
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.worker_ids == ["owner"]
+    assert result.errors == []
+
+
+def test_paused_worker_cannot_overwrite_the_new_owner(start_worker, run_worker, markers, tmp_path):
+    result = tasks.slow_first_attempt.enqueue(2)
+    paused = start_worker("--worker-id", "paused", "--visibility-timeout", "1")
+    wait_for(lambda: (markers / f"started-{result.id}").exists())
+    os.killpg(paused.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _lease_expired(result), timeout=10)
+        proc = run_worker("--burst", "--worker-id", "new-owner", "--visibility-timeout", "1")
+        assert proc.returncode == 0, proc.stderr
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.return_value == 2
+    finally:
+        os.killpg(paused.pid, signal.SIGCONT)
+    # The paused worker wakes up, finishes attempt 1 and tries to report it.
+    wait_for(lambda: "lease lost" in worker_log(tmp_path), timeout=15)
+    paused.send_signal(signal.SIGTERM)
+    paused.wait(timeout=30)
+
+    result.refresh()
+    assert result.return_value == 2  # still the new owner's outcome
+    assert result.worker_ids == ["paused", "new-owner"]
+
+
+def test_fenced_writes_in_process():
+    """A lease holder that was reaped loses every write; the new holder's outcome stays."""
+    backend = task_backends["default"]
+    dialect = dialect_for(connection)
+    result = tasks.add.enqueue(1, 2)
+    now = timezone.now()
+
+    [first] = dialect.claim(
+        connection,
+        backend_name="default",
+        queues=["default"],
+        limit=1,
+        worker_id="A",
+        lease_token=uuid.uuid4().hex,
+        now=now,
+        lease_expires_at=now - timedelta(seconds=1),  # already expired
+    )
+    assert reap_expired(backend, timezone.now) == 1
+    later = timezone.now() + timedelta(hours=1)  # past any retry delay
+    [second] = dialect.claim(
+        connection,
+        backend_name="default",
+        queues=["default"],
+        limit=1,
+        worker_id="B",
+        lease_token=uuid.uuid4().hex,
+        now=later,
+        lease_expires_at=later + timedelta(minutes=5),
+    )
+    assert second.id == first.id
+    assert second.attempt == 2
+
+    assert renew_leases("default", [(first.id, first.lease_token)], later) == {first.id}
+    stale = transition(first, Succeeded(999), policy=backend.settings.retry, now=later)
+    assert apply_transition("default", first, stale) is False
+    assert _row(result).status == TaskResultStatus.RUNNING
+
+    fresh = transition(second, Succeeded(3), policy=backend.settings.retry, now=later)
+    assert apply_transition("default", second, fresh) is True
+    assert apply_transition("default", first, stale) is False
+    row = _row(result)
+    assert (row.status, row.return_value, row.worker_ids) == ("SUCCESSFUL", 3, ["A", "B"])
+
+
+def test_reaper_dead_letters_when_attempts_are_spent():
+    backend = task_backends["default"]
+    dialect = dialect_for(connection)
+    result = tasks.always_fails.enqueue("x")  # NO_WAIT: three attempts
+    for attempt in (1, 2, 3):
+        now = timezone.now()
+        [claimed] = dialect.claim(
+            connection,
+            backend_name="default",
+            queues=["default"],
+            limit=1,
+            worker_id=f"w{attempt}",
+            lease_token=uuid.uuid4().hex,
+            now=now,
+            lease_expires_at=now - timedelta(seconds=1),
+        )
+        assert claimed.attempt == attempt
+        assert reap_expired(backend, timezone.now) == 1
+    row = _row(result)
+    assert row.status == TaskResultStatus.FAILED
+    assert len(row.errors) == 3
+    assert "gave up after 3 attempt(s)" in row.dead_letter_reason
+
+
+def test_sigterm_finishes_running_task_and_releases_the_rest(start_worker, markers, tmp_path):
+    results = [tasks.sleep_then_return.enqueue(1.5 + i / 100) for i in range(4)]
+    worker = start_worker(
+        "--worker-id", "graceful", "--queue", "slow", "--concurrency", "1", "--prefetch", "3"
+    )
+    wait_for(lambda: any(markers.glob("sleeping-*")))
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker_log(tmp_path)
+
+    rows = [_row(r) for r in results]
+    done = [r for r in rows if r.status == TaskResultStatus.SUCCESSFUL]
+    released = [r for r in rows if r.status == TaskResultStatus.READY]
+    assert len(done) == 1, worker_log(tmp_path)
+    assert done[0].return_value == 1.5
+    assert len(released) == 3
+    for row in released:
+        assert row.attempt == 0
+        assert row.worker_ids == []
+        assert row.lease_token is None
+        assert row.started_at is None  # the claim was handed back before it ran
+    assert not WorkerRecord.objects.filter(worker_id="graceful").exists()
+
+
+def test_second_signal_exits_at_once(start_worker, markers):
+    result = tasks.sleep_then_return.enqueue(30.0)
+    worker = start_worker("--worker-id", "impatient", "--queue", "slow")
+    wait_for(lambda: (markers / "sleeping-30.0").exists())
+    worker.send_signal(signal.SIGTERM)
+    wait_for(lambda: "finishing running tasks" in worker_log(markers), timeout=10)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 1
+    # The lease is left to expire; the reaper will hand the task to another worker.
+    assert _row(result).status == TaskResultStatus.RUNNING

@@ -1,0 +1,94 @@
+"""PostgreSQL-only guarantees: many processes, NOTIFY wake-ups, reconnection."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.models import TaskRecord, WorkerRecord
+from tests import tasks
+from tests.conftest import wait_for, worker_log
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+
+@pytest.fixture(autouse=True)
+def _postgres_only():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+
+
+@pytest.fixture
+def ledger():
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {tasks.LEDGER_TABLE} (n integer NOT NULL, pid integer)")
+    yield tasks.LEDGER_TABLE
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {tasks.LEDGER_TABLE}")
+
+
+def test_four_processes_run_every_task_exactly_once(run_worker, ledger):
+    count = 2000
+    for n in range(count):
+        tasks.record.enqueue(n)
+    proc = run_worker("--burst", "--processes", "4", "--concurrency", "4", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*), count(DISTINCT n), count(DISTINCT pid) FROM {ledger}")
+        executions, distinct_tasks, processes = cursor.fetchone()
+    assert executions == count  # no task ran twice
+    assert distinct_tasks == count  # no task was skipped
+    assert processes > 1  # the work really was shared
+    assert TaskRecord.objects.filter(status=TaskResultStatus.SUCCESSFUL, attempt=1).count() == count
+    workers = set()
+    for ids in TaskRecord.objects.values_list("worker_ids", flat=True):
+        workers.update(ids)
+    assert len(workers) == 4
+
+
+def test_notify_wakes_an_idle_worker(start_worker, tmp_path):
+    # With a 60 s poll interval only NOTIFY can make the worker start the task quickly.
+    worker = start_worker("--worker-id", "listener", "--poll-interval", "60", "--max-tasks", "1")
+    wait_for(lambda: WorkerRecord.objects.filter(worker_id="listener").exists())
+    wait_for(lambda: "LISTEN" in _listeners(), timeout=10)
+    result = tasks.add.enqueue(20, 1)
+    assert worker.wait(timeout=20) == 0, worker_log(tmp_path)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+def _listeners() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(string_agg(query, ';'), '') FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN%%'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_worker_survives_dropped_connections(start_worker, tmp_path):
+    worker = start_worker("--worker-id", "survivor", "--poll-interval", "0.2")
+    wait_for(lambda: WorkerRecord.objects.filter(worker_id="survivor").exists())
+    first = tasks.add.enqueue(1, 1)
+    wait_for(lambda: TaskRecord.objects.get(pk=first.id).status == TaskResultStatus.SUCCESSFUL)
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1
+
+    results = [tasks.add.enqueue(i, i) for i in range(5)]
+    wait_for(
+        lambda: (
+            TaskRecord.objects.filter(
+                pk__in=[r.id for r in results], status=TaskResultStatus.SUCCESSFUL
+            ).count()
+            == 5
+        ),
+        timeout=60,
+    )
+    assert worker.poll() is None, worker_log(tmp_path)
