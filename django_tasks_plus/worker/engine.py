@@ -95,6 +95,7 @@ class Worker:
             clock=clock,
             persist_deadline=config.visibility_timeout,
             log_each_task=config.log_each_task,
+            on_settle=self._mark_settling,
         )
         self.visibility = timedelta(seconds=config.visibility_timeout)
         self.stopping = threading.Event()
@@ -104,8 +105,10 @@ class Worker:
             queue.SimpleQueue()
         )
         self._leased: dict[str, ClaimedTask] = {}
+        self._settling: set[str] = set()  # outcome being written: lease ends on purpose
         self._leased_lock = threading.Lock()
         self._claimed_total = 0
+        self._claim_batch_floor = max(1, (config.concurrency + config.prefetch) // 2)
         self._group_cursor = 0
         self.processed = 0
         self.signals_received = 0
@@ -210,6 +213,11 @@ class Worker:
         free = self._free_slots()
         if free <= 0:
             return 0
+        waiting = sum(group.doer.waiting for group in self.groups)
+        if waiting and free < self._claim_batch_floor:
+            # Work is still queued in-process: wait until a worthwhile batch is free
+            # rather than paying one claim round trip per finished task.
+            return 0
         connection = connections[self.database]
         dialect = dialect_for(connection)
         total = 0
@@ -278,15 +286,28 @@ class Worker:
             group.doer.finished(task)
             with self._leased_lock:
                 self._leased.pop(task.id, None)
+                self._settling.discard(task.id)
             self.processed += 1
 
     # -- leases -------------------------------------------------------------------------
 
+    def _mark_settling(self, task_id: str) -> None:
+        with self._leased_lock:
+            self._settling.add(task_id)
+
     def _lease_snapshot(self) -> list[tuple[str, str]]:
         with self._leased_lock:
-            return [(task.id, task.lease_token) for task in self._leased.values()]
+            return [
+                (task.id, task.lease_token)
+                for task in self._leased.values()
+                if task.id not in self._settling
+            ]
 
     def _on_leases_lost(self, lost: set[str]) -> None:
+        with self._leased_lock:
+            lost = lost - self._settling
+        if not lost:
+            return
         logger.warning(
             "Lost the lease of %d task(s) (taken over after expiry): %s; their outcomes "
             "will not be written by this worker.",

@@ -92,12 +92,14 @@ class TaskRunner:
         clock: Clock,
         persist_deadline: float,
         log_each_task: bool = False,
+        on_settle: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.database = backend.settings.database
         self.clock = clock
         self.persist_deadline = persist_deadline
         self.log_each_task = log_each_task
+        self.on_settle = on_settle
 
     def run(self, claimed: ClaimedTask) -> AttemptReport:
         started = time.monotonic()
@@ -190,6 +192,9 @@ class TaskRunner:
 
     def _persist(self, claimed: ClaimedTask, outcome: Transition) -> bool:
         """Write with retries while the database is unreachable, up to the lease's life."""
+        if self.on_settle is not None:
+            # From here on the lease may end by our own write: not a lost lease.
+            self.on_settle(claimed.id)
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
         while True:
