@@ -18,6 +18,7 @@ from .exceptions import (
     TaskNotRegistered,
     TasksPlusError,
     TaskTimeout,
+    UnsupportedDatabase,
 )
 from .retry import ExponentialBackoff, RetryPolicy, exponential_backoff, no_retry
 
@@ -42,6 +43,7 @@ __all__ = [
     "TaskResultStatus",
     "TaskTimeout",
     "TasksPlusError",
+    "UnsupportedDatabase",
     "exponential_backoff",
     "no_retry",
     "task",

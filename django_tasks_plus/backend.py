@@ -21,7 +21,6 @@ from .exceptions import (
     InvalidTaskArguments,
     TaskNotRegistered,
 )
-from .models import TaskRecord
 from .results import make_result, result_from_record
 from .retry import RetryPolicy
 
@@ -85,7 +84,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
         database = self.settings.database
         connection = connections[database]
         try:
-            dialect_for(connection).insert_task(connection, values, task.queue_name)
+            dialect_for(connection).insert_task(
+                connection, values, task.queue_name, notify=self.settings.notify
+            )
         except (OperationalError, InterfaceError) as exc:
             raise DatabaseUnavailable(
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
@@ -116,6 +117,8 @@ class DatabaseBackend(compat.BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError as exc:
             raise compat.TaskResultDoesNotExist(result_id) from exc
+        from .models import TaskRecord  # not at import: keeps check E001 reachable
+
         try:
             record = TaskRecord.objects.using(self.settings.database).get(
                 pk=pk, backend_name=self.alias
@@ -144,6 +147,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
                     id="django_tasks_plus.E001",
                 )
             )
+            return errors  # the checks below need the app's models
         database = self.settings.database
         if database not in connections:
             errors.append(

@@ -57,8 +57,11 @@ class BackendSettings:
         return self.queues_config.get(queue, self.doer)
 
 
-def _fail(alias: str, key: str, problem: str) -> InvalidBackendOptions:
-    return InvalidBackendOptions(f"TASKS[{alias!r}]['OPTIONS'][{key!r}] {problem}")
+def _fail(
+    alias: str, key: str, problem: str, *, subkey: str | None = None
+) -> InvalidBackendOptions:
+    where = f"TASKS[{alias!r}]['OPTIONS'][{key!r}]" + (f"[{subkey!r}]" if subkey else "")
+    return InvalidBackendOptions(f"{where} {problem}")
 
 
 def _positive_number(alias: str, key: str, value: Any) -> float:
@@ -97,11 +100,11 @@ def _retry_policy(alias: str, value: Any) -> RetryPolicy:
         raise InvalidBackendOptions(str(exc)) from exc
 
 
-def _doer_spec(alias: str, key: str, spec: Any) -> Any:
+def _doer_spec(alias: str, key: str, spec: Any, *, subkey: str | None = None) -> Any:
     try:
         make_doer(spec)
     except (ValueError, TypeError) as exc:
-        raise _fail(alias, key, f"is not a valid doer: {exc}") from exc
+        raise _fail(alias, key, f"is not a valid doer: {exc}", subkey=subkey) from exc
     return spec
 
 
@@ -130,7 +133,9 @@ def _queues(alias: str, params: Mapping[str, Any]) -> frozenset[str]:
 def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
     """Validate ``TASKS[alias]`` and return its settings; raise on the first problem."""
     queues = _queues(alias, params)
-    options = params.get("OPTIONS", {}) or {}
+    options = params.get("OPTIONS")
+    if options is None:
+        options = {}
     if not isinstance(options, Mapping):
         raise InvalidBackendOptions(f"TASKS[{alias!r}]['OPTIONS'] must be a dict, got {options!r}.")
     for key in options:
@@ -163,7 +168,7 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
                 "QUEUES_CONFIG",
                 f"configures queue {queue!r}, which is not in QUEUES {sorted(queues)}.",
             )
-        _doer_spec(alias, f"QUEUES_CONFIG'][{queue!r}", spec)
+        _doer_spec(alias, "QUEUES_CONFIG", spec, subkey=queue)
 
     return BackendSettings(
         alias=alias,

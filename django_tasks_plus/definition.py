@@ -16,8 +16,13 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from . import compat
-from .exceptions import InvalidTaskArguments, InvalidTaskOptions, TaskNotRegistered
-from .retry import RetryPolicy
+from .exceptions import (
+    InvalidRetryPolicy,
+    InvalidTaskArguments,
+    InvalidTaskOptions,
+    TaskNotRegistered,
+)
+from .retry import RetryPolicy, validate_policy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,11 +44,11 @@ class Task(compat.Task):
 
 def validate_task_options(task: Task) -> None:
     """Raise ``InvalidTaskOptions`` naming the first bad option of ``task``."""
-    if task.retry is not None and not callable(task.retry):
-        raise InvalidTaskOptions(
-            f"{task.module_path}: retry must be a policy callable such as "
-            f"exponential_backoff(), got {task.retry!r}."
-        )
+    if task.retry is not None:
+        try:
+            validate_policy(task.retry, f"{task.module_path}: retry")
+        except InvalidRetryPolicy as exc:
+            raise InvalidTaskOptions(str(exc)) from exc
     timeout = task.timeout
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0

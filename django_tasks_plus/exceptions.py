@@ -45,6 +45,10 @@ class TaskNotRegistered(TasksPlusError):
     """
 
 
+class UnsupportedDatabase(TasksPlusError):
+    """The configured database vendor (or its version) cannot run the queue."""
+
+
 class DatabaseUnavailable(TasksPlusError):
     """The task database could not be reached; trying again later may succeed."""
 
@@ -112,4 +116,5 @@ __all__ = [
     "TaskNotRegistered",
     "TaskTimeout",
     "TasksPlusError",
+    "UnsupportedDatabase",
 ]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import compat
 from .lifecycle import ClaimedTask
-from .models import TaskRecord
+
+if TYPE_CHECKING:
+    from .models import TaskRecord
 
 
 def task_errors(errors: Iterable[Mapping[str, Any]]) -> list[compat.TaskError]:

@@ -13,6 +13,7 @@ database and the worker can call them under any lock.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,12 +109,25 @@ def no_retry(attempt: int, elapsed: timedelta, exc: BaseException) -> None:
 
 
 def validate_policy(policy: object, where: str) -> RetryPolicy:
-    """Return ``policy`` if it can be a retry policy, else raise naming ``where``."""
+    """Return ``policy`` if it can be a retry policy, else raise naming ``where``.
+
+    Catches the easy mistake of naming the factory (``exponential_backoff``) instead of
+    a policy (``exponential_backoff()``) before it dead-letters tasks at run time.
+    """
+    expected = "a callable policy(attempt, elapsed, exc) -> timedelta | None"
     if not callable(policy):
         raise InvalidRetryPolicy(
-            f"{where} must be a callable policy(attempt, elapsed, exc) -> timedelta | None "
-            f"such as exponential_backoff(), got {policy!r}."
+            f"{where} must be {expected} such as exponential_backoff(), got {policy!r}."
         )
+    try:
+        inspect.signature(policy).bind(1, timedelta(0), Exception())
+    except TypeError as exc:
+        raise InvalidRetryPolicy(
+            f"{where} must be {expected}, but {policy!r} cannot be called that way ({exc}). "
+            "Did you mean to call a factory, e.g. exponential_backoff()?"
+        ) from exc
+    except ValueError:  # no introspectable signature (some builtins): trust it
+        pass
     return policy  # type: ignore[return-value]
 
 

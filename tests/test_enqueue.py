@@ -12,7 +12,13 @@ from asgiref.sync import sync_to_async
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_tasks_plus import InvalidTaskArguments, InvalidTaskOptions, Task, TaskResultStatus
+from django_tasks_plus import (
+    InvalidTaskArguments,
+    InvalidTaskOptions,
+    Task,
+    TaskResultStatus,
+    exponential_backoff,
+)
 from django_tasks_plus.compat import InvalidTask, task_backends, task_enqueued
 from django_tasks_plus.models import TaskRecord
 from tests import tasks
@@ -177,8 +183,10 @@ def test_naive_run_after_is_refused():
 def test_bad_task_options_are_refused_at_definition():
     from django_tasks_plus import task
 
-    with pytest.raises(InvalidTaskOptions, match="retry must be a policy callable"):
+    with pytest.raises(InvalidTaskOptions, match="retry must be a callable policy"):
         task(retry=5)(tasks.not_a_task)
+    with pytest.raises(InvalidTaskOptions, match=r"Did you mean to call a factory"):
+        task(retry=exponential_backoff)(tasks.not_a_task)
     with pytest.raises(InvalidTaskOptions, match="timeout must be a positive number"):
         task(timeout=-1)(tasks.not_a_task)
     with pytest.raises(InvalidTaskOptions, match="timeout must be a positive number"):

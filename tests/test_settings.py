@@ -74,6 +74,15 @@ def test_retry_option_forms():
             "is not a valid doer",
         ),
         ({"OPTIONS": ["not", "a", "dict"]}, r"\['OPTIONS'\] must be a dict"),
+        ({"OPTIONS": []}, r"\['OPTIONS'\] must be a dict"),
+        (
+            {"OPTIONS": {"RETRY": "django_tasks_plus.retry.exponential_backoff"}},
+            r"\['RETRY'\] must be a callable policy.*Did you mean to call a factory",
+        ),
+        (
+            {"OPTIONS": {"QUEUES_CONFIG": {"default": "fastest"}}},
+            r"^TASKS\['default'\]\['OPTIONS'\]\['QUEUES_CONFIG'\]\['default'\] is not a valid doer",
+        ),
         ({"QUEUES": "default"}, r"\['QUEUES'\] must be a list of queue names"),
         ({"QUEUES": []}, r"\['QUEUES'\] must name at least one queue"),
         ({"QUEUES": ["ok", ""]}, "queue names are non-empty strings"),

@@ -7,9 +7,14 @@ renewal, reaping) live in ``store`` and work the same on every database.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .base import Dialect, UnsupportedDatabase
+from ..exceptions import UnsupportedDatabase
+
+if TYPE_CHECKING:  # the dialects import the models: load them only when used
+    from .base import Dialect
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
@@ -31,4 +36,4 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
     )
 
 
-__all__ = ["SUPPORTED_VENDORS", "Dialect", "UnsupportedDatabase", "dialect_for"]
+__all__ = ["SUPPORTED_VENDORS", "UnsupportedDatabase", "dialect_for"]

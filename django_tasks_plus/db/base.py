@@ -12,7 +12,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from ..codec import loads
-from ..exceptions import TasksPlusError
 from ..lifecycle import ClaimedTask
 from ..models import TaskRecord
 
@@ -35,10 +34,6 @@ CLAIM_COLUMNS = (
     "lease_token",
     "backend_name",
 )
-
-
-class UnsupportedDatabase(TasksPlusError):
-    """The configured database vendor (or its version) cannot run the queue."""
 
 
 def table() -> str:
@@ -115,7 +110,12 @@ class Dialect(ABC):
 
     @abstractmethod
     def insert_task(
-        self, connection: BaseDatabaseWrapper, values: Mapping[str, Any], queue_name: str
+        self,
+        connection: BaseDatabaseWrapper,
+        values: Mapping[str, Any],
+        queue_name: str,
+        *,
+        notify: bool = True,
     ) -> None:
         """Insert one task row on ``connection`` (inside the caller's transaction)."""
 

@@ -31,12 +31,21 @@ class PostgreSQLDialect(Dialect):
     supports_notify = True
 
     def insert_task(
-        self, connection: BaseDatabaseWrapper, values: Mapping[str, Any], queue_name: str
+        self,
+        connection: BaseDatabaseWrapper,
+        values: Mapping[str, Any],
+        queue_name: str,
+        *,
+        notify: bool = True,
     ) -> None:
         # One round trip: the insert and its NOTIFY. PostgreSQL delivers the notification
         # only when the surrounding transaction commits, and folds identical ones, so a
         # rolled-back enqueue wakes nobody and a bulk transaction wakes workers once.
         insert, params = insert_sql_and_params(values, connection)
+        if not notify:
+            with connection.cursor() as cursor:
+                cursor.execute(insert, params)
+            return
         sql = f"WITH inserted AS ({insert} RETURNING 1) SELECT pg_notify(%s, %s) FROM inserted"
         with connection.cursor() as cursor:
             cursor.execute(sql, [*params, NOTIFY_CHANNEL, queue_name])

@@ -47,7 +47,12 @@ class SQLiteDialect(Dialect):
         return []
 
     def insert_task(
-        self, connection: BaseDatabaseWrapper, values: Mapping[str, Any], queue_name: str
+        self,
+        connection: BaseDatabaseWrapper,
+        values: Mapping[str, Any],
+        queue_name: str,
+        *,
+        notify: bool = True,
     ) -> None:
         sql, params = insert_sql_and_params(values, connection)
         with connection.cursor() as cursor:

@@ -38,6 +38,8 @@ from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 logger = logging.getLogger("django_tasks_plus.worker")
 
 WORKER_ID_MAX_LENGTH = 64
+# Signals this close together are one request (group delivery plus supervisor forwarding).
+DUPLICATE_SIGNAL_WINDOW = 0.5
 
 
 def default_worker_id() -> str:
@@ -110,6 +112,7 @@ class Worker:
         self._claimed_total = 0
         self._claim_batch_floor = max(1, (config.concurrency + config.prefetch) // 2)
         self._group_cursor = 0
+        self._claim_cursor = 0
         self.processed = 0
         self.signals_received = 0
         self.listening = False
@@ -163,7 +166,15 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             return
 
+        first_signal_at: list[float] = []
+
         def handle(signum: int, frame: FrameType | None) -> None:
+            now = time.monotonic()
+            if first_signal_at and now - first_signal_at[0] < DUPLICATE_SIGNAL_WINDOW:
+                # The same stop request delivered twice (to the process group and again
+                # by a --processes supervisor): not a second request.
+                return
+            first_signal_at.append(now)
             self.signals_received += 1
             if self.signals_received > 1:
                 logger.warning("Second signal: exiting now; unfinished leases will expire.")
@@ -221,8 +232,14 @@ class Worker:
         connection = connections[self.database]
         dialect = dialect_for(connection)
         total = 0
-        for group in self.groups:
-            wanted = group.doer.capacity(free)
+        # Every doer gets a fair share of the free slots, starting with a different doer
+        # each round, so one busy queue group cannot starve the others.
+        offset = self._claim_cursor % len(self.groups)
+        self._claim_cursor += 1
+        order = self.groups[offset:] + self.groups[:offset]
+        for position, group in enumerate(order):
+            share = -(-free // (len(order) - position))  # ceil: leftovers roll forward
+            wanted = group.doer.capacity(share)
             if wanted <= 0:
                 continue
             now = self.clock()

@@ -78,8 +78,14 @@ def _call(task: compat.Task, result: compat.TaskResult, claimed: ClaimedTask) ->
                 raise TaskTimeout(f"attempt ran longer than {timeout} s") from exc
 
         return async_to_sync(bounded)()
-    with AttemptTimer(timeout):
-        return task.func(*args, **claimed.kwargs)
+    try:
+        with AttemptTimer(timeout):
+            return task.func(*args, **claimed.kwargs)
+    except TaskTimeout as exc:
+        if exc.args:
+            raise
+        # Raised asynchronously by the timer, which cannot pass a message.
+        raise TaskTimeout(f"attempt ran longer than {timeout} s") from None
 
 
 class TaskRunner:

@@ -33,6 +33,18 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _configure_logging(verbosity: int) -> None:
+    """Honour -v even when the project's LOGGING says nothing about this package."""
+    package_logger = logging.getLogger("django_tasks_plus")
+    package_logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
+    if not package_logger.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [pid %(process)d] %(message)s")
+        )
+        package_logger.addHandler(handler)
+
+
 class Command(BaseCommand):
     help = "Run tasks from the django-tasks-plus database queue."
 
@@ -83,7 +95,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         verbosity = int(options["verbosity"])
-        logging.getLogger("django_tasks_plus").setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
+        _configure_logging(verbosity)
         backend = self._backend(options["backend"])
         settings = backend.settings
         queues = self._queues(backend, options["queues"])
@@ -156,8 +168,9 @@ class Command(BaseCommand):
     def _banner(self, backend: DatabaseBackend, config: WorkerConfig, processes: int) -> None:
         connection = connections[backend.settings.database]
         name = connection.settings_dict.get("NAME")
+        worker_ids = config.worker_id if processes == 1 else f"{config.worker_id}-0…{processes - 1}"
         self.stdout.write(
-            f"django-tasks-plus worker {config.worker_id}\n"
+            f"django-tasks-plus worker {worker_ids}\n"
             f"  backend:     {backend.alias} ({type(backend).__name__})\n"
             f"  database:    {backend.settings.database} ({connection.vendor}: {name})\n"
             f"  queues:      {', '.join(config.queues)}\n"
