@@ -3,16 +3,20 @@
 The public API, re-exported in one place. Nothing inside the package imports from here.
 """
 
-from .compat import TaskContext, TaskResult, TaskResultStatus
+from .compat import TaskResult, TaskResultStatus
+from .context import TaskContext
 from .definition import Task, task
 from .exceptions import (
     Abort,
+    Cancelled,
     DatabaseUnavailable,
     InvalidBackendOptions,
     InvalidRetryPolicy,
     InvalidTaskArguments,
     InvalidTaskOptions,
     LeaseExpired,
+    PayloadTooLarge,
+    QueueFull,
     ReturnValueNotSerializable,
     TaskDeferred,
     TaskNotRegistered,
@@ -20,12 +24,14 @@ from .exceptions import (
     TaskTimeout,
     UnsupportedDatabase,
 )
+from .operations import aenqueue_many, cancel, discard, enqueue_many, redrive
 from .retry import ExponentialBackoff, RetryPolicy, exponential_backoff, no_retry
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Abort",
+    "Cancelled",
     "DatabaseUnavailable",
     "ExponentialBackoff",
     "InvalidBackendOptions",
@@ -33,6 +39,8 @@ __all__ = [
     "InvalidTaskArguments",
     "InvalidTaskOptions",
     "LeaseExpired",
+    "PayloadTooLarge",
+    "QueueFull",
     "RetryPolicy",
     "ReturnValueNotSerializable",
     "Task",
@@ -44,7 +52,12 @@ __all__ = [
     "TaskTimeout",
     "TasksPlusError",
     "UnsupportedDatabase",
+    "aenqueue_many",
+    "cancel",
+    "discard",
+    "enqueue_many",
     "exponential_backoff",
     "no_retry",
+    "redrive",
     "task",
 ]

@@ -2,27 +2,52 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from . import compat
-from .codec import EncodeError, encode_call
 from .conf import BackendSettings, parse_settings
 from .db import UnsupportedDatabase, dialect_for
-from .definition import Task, check_arguments, resolve_task, validate_task_options
+from .definition import Task, resolve_task, validate_task_options
+from .envelope import Envelope, build_envelope
 from .exceptions import (
+    Cancelled,
     DatabaseUnavailable,
     InvalidTaskArguments,
+    QueueFull,
     TaskNotRegistered,
 )
+from .lifecycle import error_record
 from .results import make_result, result_from_record
 from .retry import RetryPolicy
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What ``cancel()`` did: ``"cancelled"``, ``"cancel_requested"`` or ``"already_finished"``."""
+
+    task_id: str
+    outcome: str
+    status: str
+
+    @property
+    def message(self) -> str:
+        return {
+            "cancelled": "The task was READY and will never run (status FAILED, Cancelled).",
+            "cancel_requested": "The task is RUNNING; it was asked to stop cooperatively.",
+            "already_finished": f"The task had already finished ({self.status}); left alone.",
+        }[self.outcome]
 
 
 class DatabaseBackend(compat.BaseTaskBackend):
@@ -42,6 +67,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
     # -- definition time ---------------------------------------------------------------
 
     def validate_task(self, task: compat.Task) -> None:
+        if task.queue_name not in self.queues and self.settings.queue_resolution == "fallback":
+            # Validate everything else as if it named the fallback queue; rows go there.
+            dataclasses.replace(task, queue_name=self.settings.fallback_queue)
+            return
         super().validate_task(task)
         if isinstance(task, Task):
             validate_task_options(task)
@@ -55,76 +84,117 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
     def enqueue(self, task: compat.Task, args: Any, kwargs: Any) -> compat.TaskResult:
         """Insert the task on the caller's connection, inside the caller's transaction."""
-        self.validate_task(task)
-        args, kwargs = tuple(args), dict(kwargs)
-        check_arguments(task, args, kwargs)
-        try:
-            encoded_args, encoded_kwargs = encode_call(args, kwargs)
-        except EncodeError as exc:
-            raise InvalidTaskArguments(f"Cannot enqueue {task.module_path}: {exc}") from exc
+        return self.enqueue_many(task, [(args, kwargs)])[0]
 
+    def enqueue_many(self, task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskResult]:
+        """Enqueue one task per ``(args, kwargs)`` call: all rows or none.
+
+        With a ``dedup_key`` the key governs the whole batch: if it is held, nothing is
+        inserted and the results of the tasks holding it are returned instead.
+        """
+        self.validate_task(task)
         now = timezone.now()
-        task_id = uuid.uuid4()
-        values = {
-            "id": task_id,
-            "task_path": task.module_path,
-            "backend_name": self.alias,
-            "queue_name": task.queue_name,
-            "priority": task.priority,
-            "args": encoded_args,
-            "kwargs": encoded_kwargs,
-            "status": compat.TaskResultStatus.READY.value,
-            "run_after": task.run_after or now,
-            "attempt": 0,
-            "worker_ids": [],
-            "errors": [],
-            "enqueued_at": now,
-            "dead_letter_reason": "",
-        }
+        envelopes = [
+            build_envelope(self.settings, task, *_split_call(call, index), now=now)
+            for index, call in enumerate(calls)
+        ]
+        if not envelopes:
+            return []
         database = self.settings.database
         connection = connections[database]
         try:
-            dialect_for(connection).insert_task(
-                connection, values, task.queue_name, notify=self.settings.notify
-            )
+            with transaction.atomic(using=database):
+                held_by = self._take_dedup_key(connection, task, envelopes, now)
+                if held_by is not None:
+                    return [self.get_result(task_id) for task_id in held_by]
+                self._check_depth(envelopes)
+                dialect_for(connection).insert_tasks(
+                    connection,
+                    [envelope.values for envelope in envelopes],
+                    notify=self.settings.notify,
+                )
         except (OperationalError, InterfaceError) as exc:
             raise DatabaseUnavailable(
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
             ) from exc
+        results = [self._new_result(task, envelope, now) for envelope in envelopes]
+        for result in results:
+            # Listeners hear of a task only once it exists for everyone else too.
+            transaction.on_commit(
+                partial(compat.task_enqueued.send, type(self), task_result=result),
+                using=database,
+            )
+        return results
 
-        result = make_result(
-            task,
-            id=str(task_id),
+    async def aenqueue_many(
+        self, task: compat.Task, calls: Iterable[Any]
+    ) -> list[compat.TaskResult]:
+        return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, list(calls))
+
+    def _take_dedup_key(
+        self, connection: Any, task: compat.Task, envelopes: Sequence[Envelope], now: datetime
+    ) -> list[str] | None:
+        key = getattr(task, "dedup_key", None)
+        if key is None:
+            return None
+        from .db.dedup import take_key  # imports the models: not at module import
+
+        ttl = getattr(task, "dedup_ttl", None) or self.settings.dedup_ttl
+        return take_key(
+            connection,
+            backend_name=self.alias,
+            key=key,
+            task_ids=[str(envelope.id) for envelope in envelopes],
+            now=now,
+            expires_at=now + ttl,
+            until_finished=getattr(task, "dedup_until", "ttl") == "finished",
+        )
+
+    def _check_depth(self, envelopes: Sequence[Envelope]) -> None:
+        """Refuse the batch if it would overfill a queue with a ``max_depth``."""
+        from .db.store import ready_depth
+
+        adding: dict[str, int] = {}
+        for envelope in envelopes:
+            adding[envelope.queue_name] = adding.get(envelope.queue_name, 0) + 1
+        for queue, count in adding.items():
+            limit = self.settings.max_depths.get(queue)
+            if limit is None:
+                continue
+            depth = ready_depth(self.settings.database, self.alias, queue, limit)
+            if depth + count > limit:
+                raise QueueFull(
+                    f"Queue {queue!r} holds {depth:,} READY task(s); adding {count:,} would "
+                    f"exceed its max_depth of {limit:,}.",
+                    queue_name=queue,
+                    limit=limit,
+                    depth=depth,
+                )
+
+    def _new_result(
+        self, task: compat.Task, envelope: Envelope, now: datetime
+    ) -> compat.TaskResult:
+        values = envelope.values
+        stored_task = task
+        if values["queue_name"] != task.queue_name:
+            stored_task = dataclasses.replace(task, queue_name=values["queue_name"])
+        return make_result(
+            stored_task,
+            id=str(envelope.id),
             status=compat.TaskResultStatus.READY,
             backend=self.alias,
-            args=encoded_args,
-            kwargs=encoded_kwargs,
+            args=envelope.shown_args,
+            kwargs=envelope.shown_kwargs,
             enqueued_at=now,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
         )
-        # Listeners hear of the task only once it exists for everyone else too.
-        transaction.on_commit(
-            partial(compat.task_enqueued.send, type(self), task_result=result), using=database
-        )
-        return result
 
     # -- results ------------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> compat.TaskResult:
-        try:
-            pk = uuid.UUID(str(result_id))
-        except ValueError as exc:
-            raise compat.TaskResultDoesNotExist(result_id) from exc
-        from .models import TaskRecord  # not at import: keeps check E001 reachable
-
-        try:
-            record = TaskRecord.objects.using(self.settings.database).get(
-                pk=pk, backend_name=self.alias
-            )
-        except TaskRecord.DoesNotExist as exc:
-            raise compat.TaskResultDoesNotExist(result_id) from exc
+        record = self._record(result_id)
         try:
             task = resolve_task(record.task_path)
         except TaskNotRegistered as exc:
@@ -133,6 +203,71 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 f"in this codebase: {exc}"
             ) from exc
         return result_from_record(task, record)
+
+    def _record(self, result_id: str) -> Any:
+        from .models import TaskRecord  # not at import: keeps check E001 reachable
+
+        try:
+            pk = uuid.UUID(str(result_id))
+        except ValueError as exc:
+            raise compat.TaskResultDoesNotExist(result_id) from exc
+        try:
+            return TaskRecord.objects.using(self.settings.database).get(
+                pk=pk, backend_name=self.alias
+            )
+        except TaskRecord.DoesNotExist as exc:
+            raise compat.TaskResultDoesNotExist(result_id) from exc
+
+    # -- operations ---------------------------------------------------------------------
+
+    def cancel(self, result_id: str) -> CancelOutcome:
+        """Cancel a task: READY never runs; RUNNING is asked to stop; finished is left."""
+        from .db.store import cancel_ready, request_cancel
+
+        database = self.settings.database
+        for _ in range(3):  # the task may move between READY and RUNNING meanwhile
+            record = self._record(result_id)
+            task_id = str(record.pk)
+            if record.status == compat.TaskResultStatus.READY:
+                now = timezone.now()
+                error = error_record(
+                    Cancelled("cancelled before it ran"),
+                    "",
+                    attempt=record.attempt,
+                    worker_id=None,
+                    at=now,
+                )
+                if cancel_ready(database, task_id, error, now):
+                    self._announce_final(task_id)
+                    return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
+            elif record.status == compat.TaskResultStatus.RUNNING:
+                if request_cancel(database, task_id):
+                    return CancelOutcome(
+                        task_id, "cancel_requested", compat.TaskResultStatus.RUNNING
+                    )
+            else:
+                return CancelOutcome(task_id, "already_finished", record.status)
+        record = self._record(result_id)
+        return CancelOutcome(str(record.pk), "already_finished", record.status)
+
+    def redrive(self, result_id: str) -> bool:
+        """Run a dead-lettered (FAILED) task again with a fresh retry budget."""
+        from .db.store import redrive
+
+        return redrive(self.settings.database, str(self._record(result_id).pk), timezone.now())
+
+    def discard(self, result_id: str) -> bool:
+        """Keep a dead task dead but release the ordering key it blocks."""
+        from .db.store import discard
+
+        return discard(self.settings.database, str(self._record(result_id).pk))
+
+    def _announce_final(self, task_id: str) -> None:
+        try:
+            result = self.get_result(task_id)
+        except TaskNotRegistered:
+            return
+        compat.task_finished.send(type(self), task_result=result)
 
     # -- checks -------------------------------------------------------------------------
 
@@ -166,3 +301,16 @@ class DatabaseBackend(compat.BaseTaskBackend):
         for problem in dialect.check(connections[database]):
             errors.append(checks.Error(problem, id="django_tasks_plus.E004"))
         return errors
+
+
+def _split_call(call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    """Accept ``(args, kwargs)`` pairs (and ``(args,)``) in ``enqueue_many``."""
+    if isinstance(call, tuple | list) and len(call) in (1, 2):
+        args = call[0]
+        kwargs = call[1] if len(call) == 2 else {}
+        if isinstance(args, tuple | list) and isinstance(kwargs, Mapping):
+            return args, kwargs
+    raise InvalidTaskArguments(
+        f"enqueue_many() call #{index} must be an (args, kwargs) pair such as "
+        f"((1, 2), {{'x': 3}}), got {call!r}."
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -32,7 +33,14 @@ _DEFAULTS: dict[str, Any] = {
     "DOER": "unlimited",
     "QUEUES_CONFIG": {},
     "NOTIFY": True,
+    "DEDUP_TTL": timedelta(hours=1),
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "QUEUE_RESOLUTION": "fallback",
 }
+
+QUEUE_RESOLUTIONS = ("fallback", "strict")
+# Keys of a QUEUES_CONFIG entry that describe the queue itself; the rest choose its doer.
+QUEUE_KEYS = ("max_depth",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class BackendSettings:
 
     alias: str
     queues: frozenset[str]
+    queue_order: tuple[str, ...] = ()
     database: str = "default"
     retry: RetryPolicy = field(default_factory=exponential_backoff)
     visibility_timeout: float = 60.0
@@ -49,12 +58,26 @@ class BackendSettings:
     prefetch: int = 0
     shutdown_timeout: float = 30.0
     doer: Any = "unlimited"
-    queues_config: Mapping[str, Any] = field(default_factory=dict)
+    queue_doers: Mapping[str, Any] = field(default_factory=dict)
+    max_depths: Mapping[str, int] = field(default_factory=dict)
     notify: bool = True
+    dedup_ttl: timedelta = timedelta(hours=1)
+    max_payload_bytes: int | None = 1024 * 1024
+    queue_resolution: str = "fallback"
 
     def doer_spec_for(self, queue: str) -> Any:
         """The doer spec governing ``queue`` (its own entry, else the default)."""
-        return self.queues_config.get(queue, self.doer)
+        return self.queue_doers.get(queue, self.doer)
+
+    def has_own_doer(self, queue: str) -> bool:
+        return queue in self.queue_doers
+
+    @property
+    def fallback_queue(self) -> str:
+        """Where tasks naming an unserved queue go under QUEUE_RESOLUTION='fallback'."""
+        if DEFAULT_TASK_QUEUE_NAME in self.queues:
+            return DEFAULT_TASK_QUEUE_NAME
+        return self.queue_order[0]
 
 
 def _fail(
@@ -156,19 +179,19 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
     if not isinstance(notify, bool):
         raise _fail(alias, "NOTIFY", f"must be True or False, got {notify!r}.")
 
-    queues_config = merged["QUEUES_CONFIG"]
-    if not isinstance(queues_config, Mapping):
+    queue_doers, max_depths = _queues_config(alias, merged["QUEUES_CONFIG"], queues)
+
+    resolution = merged["QUEUE_RESOLUTION"]
+    if resolution not in QUEUE_RESOLUTIONS:
         raise _fail(
-            alias, "QUEUES_CONFIG", f"must be a dict of queue name -> doer, got {queues_config!r}."
+            alias,
+            "QUEUE_RESOLUTION",
+            f"must be one of {', '.join(map(repr, QUEUE_RESOLUTIONS))}, got {resolution!r}.",
         )
-    for queue, spec in queues_config.items():
-        if queue not in queues:
-            raise _fail(
-                alias,
-                "QUEUES_CONFIG",
-                f"configures queue {queue!r}, which is not in QUEUES {sorted(queues)}.",
-            )
-        _doer_spec(alias, "QUEUES_CONFIG", spec, subkey=queue)
+
+    max_payload = merged["MAX_PAYLOAD_BYTES"]
+    if max_payload is not None:
+        max_payload = _positive_int(alias, "MAX_PAYLOAD_BYTES", max_payload)
 
     return BackendSettings(
         alias=alias,
@@ -183,6 +206,55 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         prefetch=_non_negative_int(alias, "PREFETCH", merged["PREFETCH"]),
         shutdown_timeout=_positive_number(alias, "SHUTDOWN_TIMEOUT", merged["SHUTDOWN_TIMEOUT"]),
         doer=_doer_spec(alias, "DOER", merged["DOER"]),
-        queues_config=dict(queues_config),
+        queue_doers=queue_doers,
+        max_depths=max_depths,
         notify=notify,
+        dedup_ttl=_duration(alias, "DEDUP_TTL", merged["DEDUP_TTL"]),
+        max_payload_bytes=max_payload,
+        queue_resolution=resolution,
+        queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
+
+
+def _duration(alias: str, key: str, value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        if value <= timedelta(0):
+            raise _fail(alias, key, f"must be a positive duration, got {value}.")
+        return value
+    return timedelta(seconds=_positive_number(alias, key, value))
+
+
+def _queues_config(
+    alias: str, config: Any, queues: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Split QUEUES_CONFIG into each queue's doer spec and its limits."""
+    if not isinstance(config, Mapping):
+        raise _fail(
+            alias, "QUEUES_CONFIG", f"must be a dict of queue name -> settings, got {config!r}."
+        )
+    doers: dict[str, Any] = {}
+    max_depths: dict[str, int] = {}
+    for queue, entry in config.items():
+        if queue not in queues:
+            raise _fail(
+                alias,
+                "QUEUES_CONFIG",
+                f"configures queue {queue!r}, which is not in QUEUES {sorted(queues)}.",
+            )
+        doer_spec = entry
+        if isinstance(entry, Mapping):
+            doer_spec = {k: v for k, v in entry.items() if k not in QUEUE_KEYS}
+            if "max_depth" in entry:
+                depth = entry["max_depth"]
+                if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+                    raise _fail(
+                        alias,
+                        "QUEUES_CONFIG",
+                        f"has max_depth {depth!r}; it must be a whole number of at least 1.",
+                        subkey=queue,
+                    )
+                max_depths[queue] = depth
+            if not doer_spec:
+                continue  # only limits: the queue keeps the default doer
+        doers[queue] = _doer_spec(alias, "QUEUES_CONFIG", doer_spec, subkey=queue)
+    return doers, max_depths

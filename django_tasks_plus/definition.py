@@ -8,8 +8,9 @@ the backend is ours: one definition object, not two.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -23,23 +24,97 @@ from .exceptions import (
     TaskNotRegistered,
 )
 from .retry import RetryPolicy, validate_policy
+from .schema import PayloadSchema, check_schema_signature, compile_schema
+
+ORDERING_FAILURES = ("continue", "block")
+DEDUP_SCOPES = ("ttl", "finished")
+KEY_MAX_LENGTH = 255
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Task(compat.Task):
-    """A task definition with retry policy and timeout.
+    """A task definition with the options of a durable queue.
 
-    ``retry``: a policy ``(attempt, elapsed, exc) -> timedelta | None``; ``None`` uses the
-    backend's ``OPTIONS["RETRY"]``. ``timeout``: seconds an attempt may run before
-    ``TaskTimeout`` is raised inside it; ``None`` means no limit.
+    Definition-time options (``@task(...)``):
+
+    * ``retry``: a policy ``(attempt, elapsed, exc) -> timedelta | None``; ``None`` uses
+      the backend's ``OPTIONS["RETRY"]``.
+    * ``timeout``: seconds an attempt may run before ``TaskTimeout`` is raised inside it.
+    * ``schema``: validates the payload at enqueue and again in the worker.
+    * ``ordering_failure``: ``"continue"`` (a dead task releases its ordering key) or
+      ``"block"`` (the key waits until the dead task is redriven or discarded).
+
+    Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
+    ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
     """
 
     retry: RetryPolicy | None = None
     timeout: float | None = None
+    schema: Any = None
+    ordering_failure: str = "continue"
+    ordering_key: str | None = None
+    dedup_key: str | None = None
+    dedup_ttl: timedelta | None = None
+    dedup_until: str = "ttl"
 
     def __post_init__(self) -> None:
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
+
+    def using(  # type: ignore[override]
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        ordering_key: str | None = None,
+        dedup_key: str | None = None,
+        dedup_ttl: timedelta | float | None = None,
+        dedup_until: str | None = None,
+    ) -> Task:
+        """A copy with per-call options; unspecified ones keep the definition's values."""
+        changes: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("priority", priority),
+                ("queue_name", queue_name),
+                ("run_after", run_after),
+                ("backend", backend),
+                ("ordering_key", ordering_key),
+                ("dedup_key", dedup_key),
+                ("dedup_until", dedup_until),
+            )
+            if value is not None
+        }
+        if dedup_ttl is not None:
+            seconds = isinstance(dedup_ttl, int | float) and not isinstance(dedup_ttl, bool)
+            changes["dedup_ttl"] = timedelta(seconds=dedup_ttl) if seconds else dedup_ttl
+        return replace(self, **changes)
+
+    def enqueue_many(self, calls: Iterable[Any]) -> list[compat.TaskResult]:
+        """Enqueue one task per ``(args, kwargs)`` pair, atomically, in one round trip."""
+        return self.get_backend().enqueue_many(self, calls)  # type: ignore[attr-defined]
+
+    async def aenqueue_many(self, calls: Iterable[Any]) -> list[compat.TaskResult]:
+        return await self.get_backend().aenqueue_many(self, calls)  # type: ignore[attr-defined]
+
+
+def _check_key(task: Task, name: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip() or len(value) > KEY_MAX_LENGTH:
+        raise InvalidTaskOptions(
+            f"{task.module_path}: {name} must be a non-empty string of at most "
+            f"{KEY_MAX_LENGTH} characters, got {_short(value)}."
+        )
+    if "\x00" in value:
+        raise InvalidTaskOptions(f"{task.module_path}: {name} must not contain NUL characters.")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(value)} characters)"
 
 
 def validate_task_options(task: Task) -> None:
@@ -57,6 +132,41 @@ def validate_task_options(task: Task) -> None:
             f"{task.module_path}: timeout must be a positive number of seconds or None, "
             f"got {timeout!r}."
         )
+    if task.ordering_failure not in ORDERING_FAILURES:
+        raise InvalidTaskOptions(
+            f"{task.module_path}: ordering_failure must be 'continue' or 'block', "
+            f"got {task.ordering_failure!r}."
+        )
+    if task.dedup_until not in DEDUP_SCOPES:
+        raise InvalidTaskOptions(
+            f"{task.module_path}: dedup_until must be 'ttl' or 'finished', "
+            f"got {task.dedup_until!r}."
+        )
+    _check_key(task, "ordering_key", task.ordering_key)
+    _check_key(task, "dedup_key", task.dedup_key)
+    ttl = task.dedup_ttl
+    if ttl is not None and (not isinstance(ttl, timedelta) or ttl <= timedelta(0)):
+        raise InvalidTaskOptions(
+            f"{task.module_path}: dedup_ttl must be a positive timedelta or seconds, got {ttl!r}."
+        )
+    if task.schema is not None:
+        compiled_schema(task)  # raises InvalidTaskOptions for an unusable schema
+
+
+def compiled_schema(task: compat.Task) -> PayloadSchema | None:
+    """The task's compiled payload schema (cached), or None."""
+    schema = getattr(task, "schema", None)
+    if schema is None:
+        return None
+    return _compile(task.func, schema, task.takes_context, task.module_path)
+
+
+@lru_cache(maxsize=1024)
+def _compile(
+    func: Callable[..., Any], schema: Any, takes_context: bool, where: str
+) -> PayloadSchema:
+    check_schema_signature(func, takes_context=takes_context, where=where)
+    return compile_schema(schema, where=where)
 
 
 @lru_cache(maxsize=1024)
@@ -113,6 +223,8 @@ def task(
     takes_context: bool = False,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
+    schema: Any = None,
+    ordering_failure: str | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -124,6 +236,10 @@ def task(
         extra["retry"] = retry
     if timeout is not None:
         extra["timeout"] = timeout
+    if schema is not None:
+        extra["schema"] = schema
+    if ordering_failure is not None:
+        extra["ordering_failure"] = ordering_failure
     decorator = compat.django_task(
         priority=priority,
         queue_name=queue_name,

@@ -33,6 +33,30 @@ class InvalidTaskArguments(TasksPlusError, InvalidTask):
     """The arguments cannot be stored (not JSON-serializable) or do not fit the task."""
 
 
+class PayloadTooLarge(TasksPlusError, InvalidTask):
+    """The encoded arguments exceed ``OPTIONS["MAX_PAYLOAD_BYTES"]``; nothing was written."""
+
+    def __init__(self, message: str, *, limit: int, size: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.size = size
+
+
+class QueueFull(TasksPlusError):
+    """The queue already holds its ``max_depth`` of READY tasks; nothing was written.
+
+    Retryable: the queue drains as workers run its tasks.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, queue_name: str, limit: int, depth: int) -> None:
+        super().__init__(message)
+        self.queue_name = queue_name
+        self.limit = limit
+        self.depth = depth
+
+
 class InvalidRetryPolicy(TasksPlusError, InvalidTask):
     """A retry policy is not callable or returned something that is not a delay."""
 
@@ -99,18 +123,25 @@ class TaskDeferred(TasksPlusError):
         self.run_after = run_after
 
 
+class Cancelled(TasksPlusError):
+    """Recorded as the error of a cancelled task; raise it from a task to stop on request."""
+
+
 class Abort(TasksPlusError):
     """Raise from a task to dead-letter it now, whatever its retry policy says."""
 
 
 __all__ = [
     "Abort",
+    "Cancelled",
     "DatabaseUnavailable",
     "InvalidBackendOptions",
     "InvalidRetryPolicy",
     "InvalidTaskArguments",
     "InvalidTaskOptions",
     "LeaseExpired",
+    "PayloadTooLarge",
+    "QueueFull",
     "ReturnValueNotSerializable",
     "TaskDeferred",
     "TaskNotRegistered",

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .compat import TaskResultStatus
-from .exceptions import InvalidRetryPolicy
+from .exceptions import Cancelled, InvalidRetryPolicy
 from .retry import RetryPolicy, next_delay
 
 
@@ -38,6 +38,7 @@ class ClaimedTask:
     started_at: datetime | None
     lease_token: str
     backend_name: str = "default"
+    ordering_key: str | None = None
 
 
 # Events: what happened to one claimed task.
@@ -118,22 +119,32 @@ def _without_last_attempt(task: ClaimedTask) -> dict[str, Any]:
     return {"attempt": max(0, task.attempt - 1), "worker_ids": list(task.worker_ids[:-1])}
 
 
-def _dead(task: ClaimedTask, error: dict[str, Any], reason: str, now: datetime) -> Transition:
-    return Transition(
-        TaskResultStatus.FAILED,
-        {
-            "errors": [*task.errors, error],
-            "finished_at": now,
-            "dead_letter_reason": reason[:2000],
-        },
-        error,
-    )
+def _dead(
+    task: ClaimedTask, error: dict[str, Any], reason: str, now: datetime, *, block: bool
+) -> Transition:
+    values = {
+        "errors": [*task.errors, error],
+        "finished_at": now,
+        "dead_letter_reason": reason[:2000],
+    }
+    if block and task.ordering_key is not None:
+        values["ordering_blocked"] = True
+    return Transition(TaskResultStatus.FAILED, values, error)
 
 
 def transition(
-    task: ClaimedTask, event: Event, *, policy: RetryPolicy, now: datetime
+    task: ClaimedTask,
+    event: Event,
+    *,
+    policy: RetryPolicy,
+    now: datetime,
+    block_ordering: bool = False,
 ) -> Transition:
-    """Decide the row's next state after ``event``; never raises for a bad policy."""
+    """Decide the row's next state after ``event``; never raises for a bad policy.
+
+    ``block_ordering``: the task's ``ordering_failure`` is ``"block"``, so a dead-lettered
+    task keeps its ordering key blocked. Cancelled tasks never block their key.
+    """
     worker_id = task.worker_ids[-1] if task.worker_ids else None
     if isinstance(event, Succeeded):
         return Transition(
@@ -153,7 +164,8 @@ def transition(
             event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
         )
         reason = event.reason or f"{exception_path(event.exception)}: {event.exception}"
-        return _dead(task, error, reason, now)
+        blocks = block_ordering and not isinstance(event.exception, Cancelled)
+        return _dead(task, error, reason, now, block=blocks)
 
     error = error_record(
         event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
@@ -161,15 +173,16 @@ def transition(
     try:
         delay = next_delay(policy, task.attempt, now - task.enqueued_at, event.exception)
     except InvalidRetryPolicy as exc:
-        return _dead(task, error, f"retry policy failed: {exc}", now)
+        return _dead(task, error, f"retry policy failed: {exc}", now, block=block_ordering)
     except Exception as exc:  # a user policy that crashes must not lose the task
-        return _dead(task, error, f"retry policy raised {exception_path(exc)}: {exc}", now)
+        reason = f"retry policy raised {exception_path(exc)}: {exc}"
+        return _dead(task, error, reason, now, block=block_ordering)
     if delay is None:
         reason = (
             f"gave up after {task.attempt} attempt(s); last error "
             f"{exception_path(event.exception)}: {event.exception}"
         )
-        return _dead(task, error, reason, now)
+        return _dead(task, error, reason, now, block=block_ordering)
     return Transition(
         TaskResultStatus.READY,
         {"errors": [*task.errors, error], "run_after": now + delay},

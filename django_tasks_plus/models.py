@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from .compat import TaskResultStatus
 
 TASK_PATH_MAX_LENGTH = 255
+KEY_MAX_LENGTH = 255
 QUEUE_NAME_MAX_LENGTH = 100
 WORKER_ID_MAX_LENGTH = 64
 
@@ -54,6 +55,24 @@ class TaskRecord(models.Model):
     errors = models.JSONField(_("errors"), default=list, blank=True)
     dead_letter_reason = models.TextField(_("dead-letter reason"), blank=True, default="")
 
+    ordering_key = models.CharField(
+        _("ordering key"),
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Tasks sharing a key run one at a time, in enqueue order."),
+    )
+    sequence = models.BigIntegerField(
+        _("sequence"), null=True, blank=True, help_text=_("Enqueue order, for ordering keys.")
+    )
+    ordering_blocked = models.BooleanField(
+        _("blocks its ordering key"),
+        default=False,
+        help_text=_("Dead-lettered under ordering_failure='block': later tasks of the key wait."),
+    )
+    dedup_key = models.CharField(_("dedup key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+
     class Meta:
         verbose_name = _("task")
         verbose_name_plural = _("tasks")
@@ -71,10 +90,54 @@ class TaskRecord(models.Model):
                 name="dtp_task_lease_idx",
             ),
             models.Index(fields=["status", "queue_name"], name="dtp_task_status_queue_idx"),
+            # Finding the head of an ordering key: earlier tasks of the same key.
+            models.Index(
+                fields=["ordering_key", "sequence"],
+                condition=Q(ordering_key__isnull=False),
+                name="dtp_task_ordering_idx",
+            ),
+        ]
+        constraints = [
+            # The database itself refuses a second running task for one ordering key.
+            models.UniqueConstraint(
+                fields=["backend_name", "ordering_key"],
+                condition=Q(status="RUNNING"),
+                name="dtp_task_one_running_per_key",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.task_path} [{self.status}] {self.id}"
+
+
+class DedupKey(models.Model):
+    """A deduplication key held by the task(s) it admitted, until it expires.
+
+    Taken with ``INSERT … ON CONFLICT DO NOTHING`` in the enqueuing transaction, so the
+    unique constraint decides races and a rollback releases the key.
+    """
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    key = models.CharField(_("key"), max_length=KEY_MAX_LENGTH)
+    task_ids = models.JSONField(_("task ids"), default=list)
+    expires_at = models.DateTimeField(_("expires at"))
+    until_finished = models.BooleanField(
+        _("until finished"),
+        default=False,
+        help_text=_("Released as soon as every task it admitted has finished."),
+    )
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        verbose_name = _("dedup key")
+        verbose_name_plural = _("dedup keys")
+        constraints = [
+            models.UniqueConstraint(fields=["backend_name", "key"], name="dtp_dedup_unique_key"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="dtp_dedup_expiry_idx")]
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class WorkerRecord(models.Model):

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import compat
+from .codec import DecodeError, display, from_json
 from .lifecycle import ClaimedTask
 
 if TYPE_CHECKING:
@@ -79,7 +80,25 @@ def make_result(
     return result
 
 
+def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Stored arguments as Django's ``TaskResult`` shows them (plain JSON types)."""
+    shown_args = [display(item) for item in args] if isinstance(args, list) else []
+    shown_kwargs = (
+        {key: display(item) for key, item in kwargs.items()} if isinstance(kwargs, dict) else {}
+    )
+    return shown_args, shown_kwargs
+
+
+def stored_return_value(value: Any) -> Any:
+    """The task's return value with its tagged types restored (raw if it is corrupt)."""
+    try:
+        return from_json(value, "return value")
+    except DecodeError:
+        return value
+
+
 def result_from_record(task: compat.Task, record: TaskRecord) -> compat.TaskResult:
+    shown = _shown(record.args, record.kwargs)
     return make_result(
         task_as_stored(
             task, priority=record.priority, queue_name=record.queue_name, run_after=record.run_after
@@ -87,20 +106,21 @@ def result_from_record(task: compat.Task, record: TaskRecord) -> compat.TaskResu
         id=str(record.id),
         status=record.status,
         backend=record.backend_name,
-        args=record.args,
-        kwargs=record.kwargs,
+        args=shown[0],
+        kwargs=shown[1],
         enqueued_at=record.enqueued_at,
         started_at=record.started_at,
         finished_at=record.finished_at,
         last_attempted_at=record.last_attempted_at,
         errors=record.errors or (),
         worker_ids=record.worker_ids or (),
-        return_value=record.return_value,
+        return_value=stored_return_value(record.return_value),
     )
 
 
 def result_from_claim(task: compat.Task, claimed: ClaimedTask, now: datetime) -> compat.TaskResult:
     """The RUNNING result a worker hands to signals and ``TaskContext``."""
+    shown = _shown(claimed.args, claimed.kwargs)
     return make_result(
         task_as_stored(
             task, priority=claimed.priority, queue_name=claimed.queue_name, run_after=None
@@ -108,8 +128,8 @@ def result_from_claim(task: compat.Task, claimed: ClaimedTask, now: datetime) ->
         id=claimed.id,
         status=compat.TaskResultStatus.RUNNING,
         backend=claimed.backend_name,
-        args=claimed.args,
-        kwargs=claimed.kwargs,
+        args=shown[0],
+        kwargs=shown[1],
         enqueued_at=claimed.enqueued_at,
         started_at=claimed.started_at or now,
         finished_at=None,

@@ -6,11 +6,12 @@ import asyncio
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import connection
 
-from django_tasks_plus import Abort, TaskDeferred, exponential_backoff, task
+from django_tasks_plus import Abort, Cancelled, TaskDeferred, exponential_backoff, task
 from django_tasks_plus.compat import task_finished, task_started
 
 # No waiting between attempts, so retries run within one --burst.
@@ -135,3 +136,70 @@ def not_a_task() -> str:
     if marker is not None:
         marker.touch()
     return "ran"
+
+
+# -- delivery semantics ------------------------------------------------------------------
+
+
+STEPS_TABLE = "dtp_test_steps"
+
+
+@task(retry=NO_WAIT)
+def step(key: str, n: int) -> int:
+    """A short task for ordering tests; logs when its body ran, so overlaps would show."""
+    started = time.time()
+    time.sleep(0.002)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {STEPS_TABLE} (key, n, started, finished) VALUES (%s, %s, %s, %s)",
+            [key, n, started, time.time()],
+        )
+    return n
+
+
+@task(takes_context=True, retry=NO_WAIT)
+def fails_first_attempt(context, n: int) -> int:  # type: ignore[no-untyped-def]
+    if context.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return n
+
+
+@task(retry=exponential_backoff(max_attempts=1), ordering_failure="block")
+def dies_and_blocks(n: int) -> None:
+    raise RuntimeError(f"task {n} dies")
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def dies_and_continues(n: int) -> None:
+    raise RuntimeError(f"task {n} dies")
+
+
+@dataclass
+class Welcome:
+    user_id: int
+    lang: str = "en"
+    tags: list[str] | None = None
+
+
+@task(schema=Welcome)
+def send_welcome(user_id: int, lang: str = "en", tags: list[str] | None = None) -> str:
+    return f"{user_id}:{lang}:{','.join(tags or [])}"
+
+
+@task
+def round_trip(value):  # type: ignore[no-untyped-def]
+    """Returns what it got, so tests can compare types across the database."""
+    return {"value": value, "type": type(value).__name__}
+
+
+@task(takes_context=True, queue_name="slow")
+def waits_for_cancel(context) -> str:  # type: ignore[no-untyped-def]
+    marker = _marker(f"waiting-{context.task_result.id}")
+    if marker is not None:
+        marker.touch()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if context.cancel_requested():
+            raise Cancelled("stopped on request")
+        time.sleep(0.05)
+    return "never cancelled"

@@ -1,21 +1,32 @@
-"""What a dialect provides, and the column plumbing every dialect shares."""
+"""What a dialect provides, and the SQL plumbing every dialect shares."""
 
 from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
 from django.utils.dateparse import parse_datetime
 
 from ..codec import loads
+from ..compat import TaskResultStatus
+from ..envelope import JsonText
 from ..lifecycle import ClaimedTask
 from ..models import TaskRecord
 
 NOTIFY_CHANNEL = "django_tasks_plus"
+# Rows per INSERT statement: well under PostgreSQL's 65,535 and SQLite's 32,766 parameters.
+INSERT_CHUNK = 1000
+
+# Inlined as literals (not parameters) so the planner can match the partial indexes.
+READY = TaskResultStatus.READY.value
+RUNNING = TaskResultStatus.RUNNING.value
+FAILED = TaskResultStatus.FAILED.value
 
 # Columns a claim returns, in this order.
 CLAIM_COLUMNS = (
@@ -33,7 +44,13 @@ CLAIM_COLUMNS = (
     "started_at",
     "lease_token",
     "backend_name",
+    "ordering_key",
 )
+
+
+@cache
+def _fields() -> dict[str, Field]:
+    return {f.name: f for f in TaskRecord._meta.concrete_fields}
 
 
 def table() -> str:
@@ -41,24 +58,84 @@ def table() -> str:
 
 
 def column(name: str) -> str:
-    return TaskRecord._meta.get_field(name).column
+    return _fields()[name].column
 
 
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     """``value`` as the database driver wants it for column ``name`` (Django's own rules)."""
-    return TaskRecord._meta.get_field(name).get_db_prep_save(value, connection)
+    return _fields()[name].get_db_prep_save(value, connection)
 
 
-def insert_sql_and_params(
-    values: Mapping[str, Any], connection: BaseDatabaseWrapper
-) -> tuple[str, list[Any]]:
-    """A plain one-row INSERT of ``values`` (field name -> Python value)."""
+def insert_statements(
+    rows: Sequence[Mapping[str, Any]],
+    connection: BaseDatabaseWrapper,
+    *,
+    json_placeholder: str,
+    sequence_sql: Callable[[int], str],
+) -> list[tuple[str, list[Any]]]:
+    """Multi-row INSERTs (one per ``INSERT_CHUNK`` rows) of same-shaped rows.
+
+    ``JsonText`` values are passed as text with ``json_placeholder`` (a cast where the
+    database needs one), so JSON is encoded once, by the codec. ``sequence_sql(i)`` is the
+    SQL expression numbering row ``i`` of a statement in enqueue order.
+    """
     quote = connection.ops.quote_name
-    names = list(values)
-    columns = ", ".join(quote(column(name)) for name in names)
-    placeholders = ", ".join(["%s"] * len(names))
-    params = [prep(name, values[name], connection) for name in names]
-    return f"INSERT INTO {quote(table())} ({columns}) VALUES ({placeholders})", params
+    names = list(rows[0])
+    columns = ", ".join([*(quote(column(name)) for name in names), quote(column("sequence"))])
+    head = f"INSERT INTO {quote(table())} ({columns}) VALUES "
+    statements = []
+    for start in range(0, len(rows), INSERT_CHUNK):
+        chunk = rows[start : start + INSERT_CHUNK]
+        tuples: list[str] = []
+        params: list[Any] = []
+        for index, row in enumerate(chunk):
+            marks = []
+            for name in names:
+                value = row[name]
+                if isinstance(value, JsonText):
+                    marks.append(json_placeholder)
+                    params.append(str(value))
+                else:
+                    marks.append("%s")
+                    params.append(prep(name, value, connection))
+            marks.append(sequence_sql(index))
+            tuples.append(f"({', '.join(marks)})")
+        statements.append((head + ", ".join(tuples), params))
+    return statements
+
+
+def ordering_head_sql(candidate: str, quote: Callable[[str], str]) -> str:
+    """SQL true for a candidate row that may run now under its ordering key.
+
+    A keyed task runs only when no earlier task of its key is still pending (READY or
+    RUNNING, or dead-lettered under ordering_failure='block') and none of its key is
+    running. Earlier rows include the one a concurrent claim has locked, so two workers can
+    never pick two tasks of one key; a unique index backs this up.
+    """
+    t = quote(table())
+
+    def c(name: str) -> str:
+        return quote(column(name))
+
+    key, seq, status, backend = c("ordering_key"), c("sequence"), c("status"), c("backend_name")
+    return f"""(
+        {candidate}.{key} IS NULL OR (
+            NOT EXISTS (
+                SELECT 1 FROM {t} earlier
+                WHERE earlier.{backend} = {candidate}.{backend}
+                  AND earlier.{key} = {candidate}.{key}
+                  AND earlier.{seq} < {candidate}.{seq}
+                  AND (earlier.{status} IN ('{READY}', '{RUNNING}')
+                       OR (earlier.{status} = '{FAILED}' AND earlier.{c("ordering_blocked")}))
+            )
+            AND NOT EXISTS (
+                SELECT 1 FROM {t} running
+                WHERE running.{backend} = {candidate}.{backend}
+                  AND running.{key} = {candidate}.{key}
+                  AND running.{status} = '{RUNNING}'
+            )
+        )
+    )"""
 
 
 def _as_datetime(value: Any) -> datetime | None:
@@ -95,6 +172,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         started_at=_as_datetime(data["started_at"]),
         lease_token=data["lease_token"],
         backend_name=data["backend_name"],
+        ordering_key=data["ordering_key"],
     )
 
 
@@ -109,15 +187,14 @@ class Dialect(ABC):
         return []
 
     @abstractmethod
-    def insert_task(
+    def insert_tasks(
         self,
         connection: BaseDatabaseWrapper,
-        values: Mapping[str, Any],
-        queue_name: str,
+        rows: Sequence[Mapping[str, Any]],
         *,
         notify: bool = True,
     ) -> None:
-        """Insert one task row on ``connection`` (inside the caller's transaction)."""
+        """Insert task rows on ``connection``, numbering them in order, waking workers."""
 
     @abstractmethod
     def claim(
@@ -133,3 +210,9 @@ class Dialect(ABC):
         lease_expires_at: datetime,
     ) -> list[ClaimedTask]:
         """Atomically move up to ``limit`` READY, due tasks to RUNNING under a lease."""
+
+
+def sort_claimed(claimed: list[ClaimedTask]) -> list[ClaimedTask]:
+    """RETURNING has no order: restore the claim order (priority, due time, id)."""
+    claimed.sort(key=lambda task: (-task.priority, task.run_after, task.id))
+    return claimed

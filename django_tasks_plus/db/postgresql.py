@@ -8,47 +8,56 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask
 from .base import (
     CLAIM_COLUMNS,
     NOTIFY_CHANNEL,
+    READY,
+    RUNNING,
     Dialect,
     claimed_from_row,
     column,
-    insert_sql_and_params,
+    insert_statements,
+    ordering_head_sql,
     prep,
+    sort_claimed,
     table,
 )
 
-# Inlined as literals (not parameters) so the planner can match the partial READY index.
-READY = TaskResultStatus.READY.value
-RUNNING = TaskResultStatus.RUNNING.value
+SEQUENCE = "django_tasks_plus_task_sequence"  # created by migration 0002
 
 
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     supports_notify = True
 
-    def insert_task(
+    def insert_tasks(
         self,
         connection: BaseDatabaseWrapper,
-        values: Mapping[str, Any],
-        queue_name: str,
+        rows: Sequence[Mapping[str, Any]],
         *,
         notify: bool = True,
     ) -> None:
-        # One round trip: the insert and its NOTIFY. PostgreSQL delivers the notification
-        # only when the surrounding transaction commits, and folds identical ones, so a
-        # rolled-back enqueue wakes nobody and a bulk transaction wakes workers once.
-        insert, params = insert_sql_and_params(values, connection)
-        if not notify:
-            with connection.cursor() as cursor:
-                cursor.execute(insert, params)
-            return
-        sql = f"WITH inserted AS ({insert} RETURNING 1) SELECT pg_notify(%s, %s) FROM inserted"
+        statements = insert_statements(
+            rows,
+            connection,
+            json_placeholder="%s::jsonb",
+            sequence_sql=lambda index: f"nextval('{SEQUENCE}')",
+        )
+        queues = sorted({row["queue_name"] for row in rows})
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, NOTIFY_CHANNEL, queue_name])
+            for insert, params in statements:
+                if not notify:
+                    cursor.execute(insert, params)
+                    continue
+                # One round trip per chunk: the insert and its NOTIFY. PostgreSQL delivers
+                # notifications only on commit and folds identical ones within a
+                # transaction, so a rollback wakes nobody and a batch wakes workers once.
+                cursor.execute(
+                    f"WITH inserted AS ({insert}) "
+                    "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue",
+                    [*params, NOTIFY_CHANNEL, queues],
+                )
 
     def claim(
         self,
@@ -71,10 +80,14 @@ class PostgreSQLDialect(Dialect):
         returning = ", ".join(f"{t}.{c(name)}" for name in CLAIM_COLUMNS)
         sql = f"""
             WITH picked AS (
-                SELECT {c("id")} FROM {t}
-                WHERE {c("status")} = '{READY}' AND {c("backend_name")} = %s
-                  AND {c("queue_name")} = ANY(%s) AND {c("run_after")} <= %s
-                ORDER BY {c("priority")} DESC, {c("run_after")}, {c("id")}
+                SELECT candidate.{c("id")} FROM {t} candidate
+                WHERE candidate.{c("status")} = '{READY}'
+                  AND candidate.{c("backend_name")} = %s
+                  AND candidate.{c("queue_name")} = ANY(%s)
+                  AND candidate.{c("run_after")} <= %s
+                  AND {ordering_head_sql("candidate", quote)}
+                ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
+                         candidate.{c("id")}
                 LIMIT %s
                 FOR UPDATE SKIP LOCKED
             )
@@ -103,6 +116,4 @@ class PostgreSQLDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-        claimed = [claimed_from_row(row) for row in rows]
-        claimed.sort(key=lambda task: (-task.priority, task.run_after, task.id))
-        return claimed
+        return sort_claimed([claimed_from_row(row) for row in rows])

@@ -15,21 +15,20 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask
 from .base import (
     CLAIM_COLUMNS,
+    READY,
+    RUNNING,
     Dialect,
     claimed_from_row,
     column,
-    insert_sql_and_params,
+    insert_statements,
+    ordering_head_sql,
     prep,
+    sort_claimed,
     table,
 )
-
-# Inlined as literals (not parameters) so the planner can match the partial READY index.
-READY = TaskResultStatus.READY.value
-RUNNING = TaskResultStatus.RUNNING.value
 
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE … RETURNING
 
@@ -46,17 +45,30 @@ class SQLiteDialect(Dialect):
             ]
         return []
 
-    def insert_task(
+    def insert_tasks(
         self,
         connection: BaseDatabaseWrapper,
-        values: Mapping[str, Any],
-        queue_name: str,
+        rows: Sequence[Mapping[str, Any]],
         *,
         notify: bool = True,
     ) -> None:
-        sql, params = insert_sql_and_params(values, connection)
+        quote = connection.ops.quote_name
+        # Writes are serialized, so the statement itself can number its rows: whether
+        # SQLite evaluates the sub-selects before or between row inserts, the numbers
+        # come out distinct and increasing.
+        next_sequence = (
+            f"(SELECT COALESCE(MAX({quote(column('sequence'))}), 0) + {{offset}} "
+            f"FROM {quote(table())})"
+        )
+        statements = insert_statements(
+            rows,
+            connection,
+            json_placeholder="%s",
+            sequence_sql=lambda index: next_sequence.format(offset=index + 1),
+        )
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            for insert, params in statements:
+                cursor.execute(insert, params)
 
     def claim(
         self,
@@ -88,10 +100,14 @@ class SQLiteDialect(Dialect):
                 {c("started_at")} = COALESCE({c("started_at")}, %s),
                 {c("last_attempted_at")} = %s
             WHERE {c("id")} IN (
-                SELECT {c("id")} FROM {t}
-                WHERE {c("status")} = '{READY}' AND {c("backend_name")} = %s
-                  AND {c("queue_name")} IN ({queue_marks}) AND {c("run_after")} <= %s
-                ORDER BY {c("priority")} DESC, {c("run_after")}, {c("id")}
+                SELECT candidate.{c("id")} FROM {t} candidate
+                WHERE candidate.{c("status")} = '{READY}'
+                  AND candidate.{c("backend_name")} = %s
+                  AND candidate.{c("queue_name")} IN ({queue_marks})
+                  AND candidate.{c("run_after")} <= %s
+                  AND {ordering_head_sql("candidate", quote)}
+                ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
+                         candidate.{c("id")}
                 LIMIT %s
             )
             RETURNING {returning}
@@ -110,6 +126,4 @@ class SQLiteDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-        claimed = [claimed_from_row(row) for row in rows]
-        claimed.sort(key=lambda task: (-task.priority, task.run_after, task.id))
-        return claimed
+        return sort_claimed([claimed_from_row(row) for row in rows])

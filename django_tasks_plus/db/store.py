@@ -114,3 +114,77 @@ def prune_workers(database: str, silent_since: datetime) -> int:
         WorkerRecord.objects.using(database).filter(last_heartbeat_at__lt=silent_since).delete()
     )
     return deleted
+
+
+def ready_depth(database: str, backend_name: str, queue_name: str, cap: int) -> int:
+    """READY tasks in a queue, counted up to ``cap`` (so the cost is bounded)."""
+    rows = TaskRecord.objects.using(database).filter(
+        backend_name=backend_name, queue_name=queue_name, status=TaskResultStatus.READY
+    )
+    return rows[:cap].count()
+
+
+def cancel_ready(database: str, task_id: str, error: dict, now: datetime) -> bool:
+    """Dead-letter a READY task as cancelled; False if it was no longer READY."""
+    for _ in range(5):  # optimistic: retry if a worker touched the row in between
+        row = (
+            TaskRecord.objects.using(database)
+            .filter(pk=task_id)
+            .values("status", "attempt", "errors")
+            .first()
+        )
+        if row is None or row["status"] != TaskResultStatus.READY:
+            return False
+        updated = (
+            TaskRecord.objects.using(database)
+            .filter(pk=task_id, status=TaskResultStatus.READY, attempt=row["attempt"])
+            .update(
+                status=TaskResultStatus.FAILED,
+                finished_at=now,
+                errors=[*(row["errors"] or []), error],
+                dead_letter_reason="cancelled",
+                cancel_requested=True,
+            )
+        )
+        if updated:
+            return True
+    return False
+
+
+def request_cancel(database: str, task_id: str) -> bool:
+    """Flag a RUNNING task for cooperative cancellation."""
+    return bool(
+        TaskRecord.objects.using(database)
+        .filter(pk=task_id, status=TaskResultStatus.RUNNING)
+        .update(cancel_requested=True)
+    )
+
+
+def cancel_requested(database: str, task_id: str) -> bool:
+    return TaskRecord.objects.using(database).filter(pk=task_id, cancel_requested=True).exists()
+
+
+def redrive(database: str, task_id: str, now: datetime) -> bool:
+    """Give a dead-lettered task a fresh retry budget; it runs again from READY."""
+    return bool(
+        TaskRecord.objects.using(database)
+        .filter(pk=task_id, status=TaskResultStatus.FAILED)
+        .update(
+            status=TaskResultStatus.READY,
+            attempt=0,
+            run_after=now,
+            finished_at=None,
+            dead_letter_reason="",
+            ordering_blocked=False,
+            cancel_requested=False,
+        )
+    )
+
+
+def discard(database: str, task_id: str) -> bool:
+    """Leave a dead-lettered task dead but stop it blocking its ordering key."""
+    return bool(
+        TaskRecord.objects.using(database)
+        .filter(pk=task_id, status=TaskResultStatus.FAILED, ordering_blocked=True)
+        .update(ordering_blocked=False)
+    )

@@ -78,7 +78,7 @@ def build_groups(backend_settings, queues: Sequence[str]) -> list[QueueGroup]:  
     groups: dict[str, tuple[object, list[str]]] = {}
     for name in queues:
         spec = backend_settings.doer_spec_for(name)
-        key = repr(spec) if name not in backend_settings.queues_config else f"queue:{name}"
+        key = f"queue:{name}" if backend_settings.has_own_doer(name) else repr(spec)
         groups.setdefault(key, (spec, []))[1].append(name)
     return [QueueGroup(make_doer(spec), tuple(names)) for spec, names in groups.values()]
 

@@ -20,12 +20,15 @@ from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError, connections
 
 from .. import compat
-from ..codec import EncodeError, to_json
-from ..db.store import apply_transition
-from ..definition import resolve_task
+from ..codec import DecodeError, EncodeError, decode_call, to_json
+from ..context import TaskContext
+from ..db.store import apply_transition, cancel_requested
+from ..definition import compiled_schema, resolve_task
 from ..exceptions import (
     Abort,
+    Cancelled,
     InvalidTaskArguments,
+    InvalidTaskOptions,
     ReturnValueNotSerializable,
     TaskDeferred,
     TaskNotRegistered,
@@ -44,6 +47,7 @@ from ..lifecycle import (
     transition,
 )
 from ..results import result_from_claim, task_errors
+from ..schema import bind_payload, payload_to_call
 from .timeouts import AttemptTimer
 
 if TYPE_CHECKING:
@@ -64,28 +68,48 @@ class AttemptReport:
     seconds: float
 
 
-def _call(task: compat.Task, result: compat.TaskResult, claimed: ClaimedTask) -> Any:
-    args = list(claimed.args)
+def _call(
+    task: compat.Task, result: compat.TaskResult, args: list[Any], kwargs: dict[str, Any]
+) -> Any:
     if task.takes_context:
-        args.insert(0, compat.TaskContext(task_result=result))
+        args = [TaskContext(task_result=result), *args]
     timeout = getattr(task, "timeout", None)
     if iscoroutinefunction(task.func):
 
         async def bounded() -> Any:
             try:
-                return await asyncio.wait_for(task.func(*args, **claimed.kwargs), timeout)
+                return await asyncio.wait_for(task.func(*args, **kwargs), timeout)
             except TimeoutError as exc:
                 raise TaskTimeout(f"attempt ran longer than {timeout} s") from exc
 
         return async_to_sync(bounded)()
     try:
         with AttemptTimer(timeout):
-            return task.func(*args, **claimed.kwargs)
+            return task.func(*args, **kwargs)
     except TaskTimeout as exc:
         if exc.args:
             raise
         # Raised asynchronously by the timer, which cannot pass a message.
         raise TaskTimeout(f"attempt ran longer than {timeout} s") from None
+
+
+def prepare_call(task: compat.Task, claimed: ClaimedTask) -> tuple[list[Any], dict[str, Any]]:
+    """Decode the stored arguments and re-validate them against the task's schema.
+
+    Raises ``DecodeError``, ``InvalidTaskArguments`` or ``InvalidTaskOptions``: a row that
+    cannot be called as stored (corrupt, or enqueued by a deploy whose payload no longer
+    validates) is dead-lettered with the reason instead of being run.
+    """
+    args, kwargs = decode_call(claimed.args, claimed.kwargs)
+    schema = compiled_schema(task)
+    if schema is None:
+        return args, kwargs
+    payload = bind_payload(task.func, args, kwargs, takes_context=task.takes_context)
+    try:
+        validated = schema.validate(payload)
+    except InvalidTaskArguments as exc:
+        raise InvalidTaskArguments(f"payload no longer matches the task's schema: {exc}") from exc
+    return [], payload_to_call(task.func, validated, takes_context=task.takes_context)
 
 
 class TaskRunner:
@@ -134,17 +158,19 @@ class TaskRunner:
             task = resolve_task(claimed.task_path)
         except TaskNotRegistered as exc:
             return self._settle_unrunnable(claimed, exc)
-        if not isinstance(claimed.args, list) or not isinstance(claimed.kwargs, dict):
-            exc = InvalidTaskArguments(
-                f"stored arguments are corrupt: args is {type(claimed.args).__name__}, "
-                f"kwargs is {type(claimed.kwargs).__name__}"
+        try:
+            args, kwargs = prepare_call(task, claimed)
+        except DecodeError as exc:
+            return self._settle_unrunnable(
+                claimed, InvalidTaskArguments(f"stored arguments are corrupt: {exc}")
             )
+        except (InvalidTaskArguments, InvalidTaskOptions) as exc:
             return self._settle_unrunnable(claimed, exc)
 
         result = result_from_claim(task, claimed, self.clock())
         try:
             compat.task_started.send(sender=type(self.backend), task_result=result)
-            value = _call(task, result, claimed)
+            value = _call(task, result, args, kwargs)
             try:
                 stored = to_json(value, "return value")
             except EncodeError as exc:
@@ -154,10 +180,14 @@ class TaskRunner:
         except TaskDeferred as exc:
             event: Event = Deferred(deferred_until(self.clock(), exc.delay, exc.run_after))
             return self._settle(claimed, task, result, event)
-        except (Abort, ReturnValueNotSerializable) as exc:
+        except (Abort, Cancelled, ReturnValueNotSerializable) as exc:
             return self._settle(claimed, task, result, Aborted(exc, format_traceback(exc)))
-        except BaseException as exc:
-            return self._settle(claimed, task, result, Failed(exc, format_traceback(exc)))
+        except BaseException as exc:  # task code may raise anything, even SystemExit
+            failure: Event = Failed(exc, format_traceback(exc))
+            if cancel_requested(self.database, claimed.id):
+                # Cancelled while running: do not retry it.
+                failure = Aborted(exc, format_traceback(exc), reason="cancelled while running")
+            return self._settle(claimed, task, result, failure)
         else:
             return self._settle(claimed, task, result, Succeeded(stored))
 
@@ -182,7 +212,13 @@ class TaskRunner:
         ``task_finished`` see the exception in ``sys.exc_info()``, as Django documents.
         """
         now = self.clock()
-        outcome = transition(claimed, event, policy=self.backend.retry_policy_for(task), now=now)
+        outcome = transition(
+            claimed,
+            event,
+            policy=self.backend.retry_policy_for(task),
+            now=now,
+            block_ordering=getattr(task, "ordering_failure", "continue") == "block",
+        )
         landed = self._persist(claimed, outcome)
         if landed and outcome.is_final:
             _update_result(result, outcome, now)

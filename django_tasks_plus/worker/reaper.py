@@ -33,9 +33,12 @@ def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit:
     for claimed in expired_tasks(database, backend.alias, now, limit):
         holder = claimed.worker_ids[-1] if claimed.worker_ids else "unknown"
         policy = backend.settings.retry
+        block = False
         event: Event
         try:
-            policy = backend.retry_policy_for(resolve_task(claimed.task_path))
+            task = resolve_task(claimed.task_path)
+            policy = backend.retry_policy_for(task)
+            block = getattr(task, "ordering_failure", "continue") == "block"
             event = Failed(
                 LeaseExpired(
                     f"worker {holder} stopped renewing its lease during attempt {claimed.attempt}"
@@ -43,7 +46,7 @@ def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit:
             )
         except TaskNotRegistered as exc:
             event = Aborted(exc, reason=str(exc))
-        outcome = transition(claimed, event, policy=policy, now=now)
+        outcome = transition(claimed, event, policy=policy, now=now, block_ordering=block)
         if apply_transition(database, claimed, outcome, lease_expired_before=now):
             settled += 1
             logger.warning(

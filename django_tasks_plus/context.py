@@ -1,0 +1,23 @@
+"""The ``TaskContext`` our worker passes to ``takes_context`` tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import compat
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskContext(compat.TaskContext):
+    """Django's ``TaskContext`` plus a way to notice a cancel request while running."""
+
+    def cancel_requested(self) -> bool:
+        """True once ``cancel()`` was called for this task (one indexed query).
+
+        Long tasks should check it between units of work and stop, for example by
+        raising ``Cancelled``, which dead-letters the task as cancelled without retrying.
+        """
+        from .db.store import cancel_requested
+
+        backend = self.task_result.task.get_backend()
+        return cancel_requested(backend.settings.database, self.task_result.id)

@@ -1,0 +1,130 @@
+"""Turning one call of a task into the row to insert: validated, encoded, sized.
+
+Pure apart from the clock value it is given, so every bad-input rule (queue, schema,
+arity, serializability, size) is decided here, before any SQL, and nothing is written
+when one fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import compat
+from .codec import EncodeError, display, dumps, encode_call
+from .conf import BackendSettings
+from .definition import check_arguments, compiled_schema
+from .exceptions import InvalidTaskArguments, PayloadTooLarge
+from .schema import bind_payload
+
+logger = logging.getLogger("django_tasks_plus")
+
+_fallbacks_logged: set[tuple[str, str, str]] = set()
+
+
+class JsonText(str):
+    """JSON already encoded to text: inserted as-is (with a ``::jsonb`` cast on PostgreSQL)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One task row ready to insert, plus what its ``TaskResult`` shows."""
+
+    id: uuid.UUID
+    values: dict[str, Any]
+    shown_args: list[Any]
+    shown_kwargs: dict[str, Any]
+
+    @property
+    def queue_name(self) -> str:
+        return self.values["queue_name"]
+
+
+def resolve_queue(settings: BackendSettings, task: compat.Task) -> str:
+    """The queue a task's rows go to: its own, or the fallback queue (logged once)."""
+    if task.queue_name in settings.queues:
+        return task.queue_name
+    fallback = settings.fallback_queue
+    marker = (settings.alias, task.module_path, task.queue_name)
+    if marker not in _fallbacks_logged:
+        _fallbacks_logged.add(marker)
+        logger.warning(
+            "Task %s names queue %r, which backend %r does not serve; its tasks go to %r "
+            "(QUEUE_RESOLUTION='fallback').",
+            task.module_path,
+            task.queue_name,
+            settings.alias,
+            fallback,
+        )
+    return fallback
+
+
+def _payload(
+    task: compat.Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments to store: validated by the schema if the task has one."""
+    schema = compiled_schema(task)
+    if schema is None:
+        args, kwargs = tuple(args), dict(kwargs)
+        check_arguments(task, args, kwargs)
+        return args, kwargs
+    payload = bind_payload(task.func, args, kwargs, takes_context=task.takes_context)
+    # Stored by name, so a later deploy can re-validate it against the schema.
+    return (), schema.validate(payload)
+
+
+def build_envelope(
+    settings: BackendSettings,
+    task: compat.Task,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    now: datetime,
+) -> Envelope:
+    """Validate and encode one call; raise a typed error before anything is written."""
+    stored_args, stored_kwargs = _payload(task, args, kwargs)
+    try:
+        encoded_args, encoded_kwargs = encode_call(stored_args, stored_kwargs)
+    except EncodeError as exc:
+        error = InvalidTaskArguments(f"Cannot enqueue {task.module_path}: {exc}")
+        error.field_path = exc.path  # type: ignore[attr-defined]
+        raise error from exc
+    args_text, kwargs_text = dumps(encoded_args), dumps(encoded_kwargs)
+    limit = settings.max_payload_bytes
+    if limit is not None:
+        size = len(args_text.encode()) + len(kwargs_text.encode())
+        if size > limit:
+            raise PayloadTooLarge(
+                f"Cannot enqueue {task.module_path}: its encoded arguments are {size:,} bytes, "
+                f"over the limit of {limit:,} (OPTIONS['MAX_PAYLOAD_BYTES']).",
+                limit=limit,
+                size=size,
+            )
+    task_id = uuid.uuid4()
+    values = {
+        "id": task_id,
+        "task_path": task.module_path,
+        "backend_name": settings.alias,
+        "queue_name": resolve_queue(settings, task),
+        "priority": task.priority,
+        "args": JsonText(args_text),
+        "kwargs": JsonText(kwargs_text),
+        "status": compat.TaskResultStatus.READY.value,
+        "run_after": task.run_after or now,
+        "attempt": 0,
+        "worker_ids": JsonText("[]"),
+        "errors": JsonText("[]"),
+        "enqueued_at": now,
+        "dead_letter_reason": "",
+        "ordering_key": getattr(task, "ordering_key", None),
+        "ordering_blocked": False,
+        "dedup_key": getattr(task, "dedup_key", None),
+        "cancel_requested": False,
+    }
+    return Envelope(task_id, values, display(encoded_args), display(encoded_kwargs))

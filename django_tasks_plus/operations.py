@@ -1,0 +1,56 @@
+"""Module-level helpers for app code: bulk enqueue, cancel, redrive, discard.
+
+Each accepts a ``TaskResult`` or a result id and finds the backend that owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import compat
+from .exceptions import InvalidBackendOptions
+
+if TYPE_CHECKING:
+    from .backend import CancelOutcome, DatabaseBackend
+
+
+def _backend(result: compat.TaskResult | str, backend: str | None) -> DatabaseBackend:
+    from .backend import DatabaseBackend
+
+    alias = backend or getattr(result, "backend", None) or compat.DEFAULT_TASK_BACKEND_ALIAS
+    found = compat.task_backends[alias]
+    if not isinstance(found, DatabaseBackend):
+        raise InvalidBackendOptions(
+            f"Task backend {alias!r} is {type(found).__qualname__}, not "
+            "django_tasks_plus' DatabaseBackend."
+        )
+    return found
+
+
+def _id(result: compat.TaskResult | str) -> str:
+    return result if isinstance(result, str) else result.id
+
+
+def enqueue_many(task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskResult]:
+    """Enqueue ``task`` once per ``(args, kwargs)`` pair: atomically, in one round trip."""
+    return task.get_backend().enqueue_many(task, calls)  # type: ignore[attr-defined]
+
+
+async def aenqueue_many(task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskResult]:
+    return await task.get_backend().aenqueue_many(task, calls)  # type: ignore[attr-defined]
+
+
+def cancel(result: compat.TaskResult | str, *, backend: str | None = None) -> CancelOutcome:
+    """Cancel a task: READY never runs, RUNNING is asked to stop, finished is left alone."""
+    return _backend(result, backend).cancel(_id(result))
+
+
+def redrive(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
+    """Run a dead-lettered task again with a fresh retry budget; False if it is not FAILED."""
+    return _backend(result, backend).redrive(_id(result))
+
+
+def discard(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
+    """Release the ordering key a dead task blocks; the task itself stays FAILED."""
+    return _backend(result, backend).discard(_id(result))
