@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 import uuid
 from decimal import Decimal
@@ -109,7 +110,7 @@ def test_sixteen_threads_racing_for_one_key_make_one_task():
         try:
             barrier.wait()
             ids.append(tasks.add.using(dedup_key="race").enqueue(1, 1).id)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
             connections.close_all()
@@ -173,7 +174,7 @@ def _assert_one_at_a_time_in_order(key: str, expected: int) -> None:
         )
         bodies = cursor.fetchall()
     assert [n for n, _, _ in bodies] == list(range(expected))  # each ran exactly once
-    for (_, _, finished), (n, started, _) in zip(bodies, bodies[1:], strict=False):
+    for (_, _, finished), (n, started, _) in itertools.pairwise(bodies):
         assert finished <= started, f"{key}: task {n} started before task {n - 1} finished"
 
 
@@ -411,7 +412,7 @@ def test_full_queue_is_refused(settings):
     for n in range(3):
         tasks.add.enqueue(n, n)
     with pytest.raises(
-        QueueFull, match="Queue 'default' holds 3 READY task.*max_depth of 3"
+        QueueFull, match=r"Queue 'default' holds 3 READY task.*max_depth of 3"
     ) as info:
         tasks.add.enqueue(9, 9)
     assert info.value.retryable
