@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from . import compat
-from .codec import EncodeError, display, dumps, encode_call
+from .codec import EncodeError, display_call, dumps, encode_call
 from .conf import BackendSettings
 from .definition import check_arguments, compiled_schema
 from .exceptions import InvalidTaskArguments, PayloadTooLarge
@@ -127,4 +127,5 @@ def build_envelope(
         "dedup_key": getattr(task, "dedup_key", None),
         "cancel_requested": False,
     }
-    return Envelope(task_id, values, display(encoded_args), display(encoded_kwargs))
+    shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs)
+    return Envelope(task_id, values, shown_args, shown_kwargs)

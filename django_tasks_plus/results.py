@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import compat
-from .codec import DecodeError, display, from_json
+from .codec import DecodeError, display_call, from_json
 from .lifecycle import ClaimedTask
 
 if TYPE_CHECKING:
@@ -82,11 +82,9 @@ def make_result(
 
 def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     """Stored arguments as Django's ``TaskResult`` shows them (plain JSON types)."""
-    shown_args = [display(item) for item in args] if isinstance(args, list) else []
-    shown_kwargs = (
-        {key: display(item) for key, item in kwargs.items()} if isinstance(kwargs, dict) else {}
-    )
-    return shown_args, shown_kwargs
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return [], {}  # corrupt row: shown empty, dead-lettered by the worker
+    return display_call(args, kwargs)
 
 
 def stored_return_value(value: Any) -> Any:

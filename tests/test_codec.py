@@ -115,14 +115,11 @@ offsets = st.timedeltas(
     max_value=dt.timedelta(hours=24) - dt.timedelta(microseconds=1),
 )
 fixed_zones = st.none() | st.just(dt.UTC) | st.builds(dt.timezone, offsets)
-decimals = (
-    st.decimals(allow_nan=False, allow_infinity=False)
-    | st.builds(
-        lambda sign, digits, exponent: Decimal((sign, digits, exponent)),
-        st.integers(0, 1),
-        st.lists(st.integers(0, 9), min_size=1, max_size=30).map(tuple),
-        st.integers(-40, 40),
-    )
+decimals = st.decimals(allow_nan=False, allow_infinity=False) | st.builds(
+    lambda sign, digits, exponent: Decimal((sign, digits, exponent)),
+    st.integers(0, 1),
+    st.lists(st.integers(0, 9), min_size=1, max_size=30).map(tuple),
+    st.integers(-40, 40),
 )
 hashable_leaves = (
     st.none()
@@ -313,11 +310,19 @@ def test_extreme_datetimes_and_timedeltas_round_trip():
         assert_same(value, round_trip(value))
 
 
+@pytest.mark.parametrize("micros", [1, -1, 999999, -500000])
+def test_sub_second_utc_offsets_survive(micros):
+    # CPython's fromisoformat reads "+00:00:00.000001" as UTC; the codec corrects that.
+    zone = dt.timezone(dt.timedelta(microseconds=micros))
+    for value in (dt.datetime(2026, 1, 1, tzinfo=zone), dt.time(1, tzinfo=zone)):
+        assert_same(value, round_trip(value))
+
+
 class Colour(enum.IntEnum):
     RED = 1
 
 
-class Name(str, enum.Enum):
+class Name(enum.StrEnum):
     ADA = "ada"
 
 

@@ -71,17 +71,21 @@ def insert_statements(
     connection: BaseDatabaseWrapper,
     *,
     json_placeholder: str,
-    sequence_sql: Callable[[int], str],
+    sequence_sql: Callable[[int], str] | None,
 ) -> list[tuple[str, list[Any]]]:
     """Multi-row INSERTs (one per ``INSERT_CHUNK`` rows) of same-shaped rows.
 
     ``JsonText`` values are passed as text with ``json_placeholder`` (a cast where the
     database needs one), so JSON is encoded once, by the codec. ``sequence_sql(i)`` is the
-    SQL expression numbering row ``i`` of a statement in enqueue order.
+    SQL expression numbering row ``i`` of a statement in enqueue order (None: the column's
+    default does).
     """
     quote = connection.ops.quote_name
     names = list(rows[0])
-    columns = ", ".join([*(quote(column(name)) for name in names), quote(column("sequence"))])
+    quoted = [quote(column(name)) for name in names]
+    if sequence_sql is not None:
+        quoted.append(quote(column("sequence")))
+    columns = ", ".join(quoted)
     head = f"INSERT INTO {quote(table())} ({columns}) VALUES "
     statements = []
     for start in range(0, len(rows), INSERT_CHUNK):
@@ -98,7 +102,8 @@ def insert_statements(
                 else:
                     marks.append("%s")
                     params.append(prep(name, value, connection))
-            marks.append(sequence_sql(index))
+            if sequence_sql is not None:
+                marks.append(sequence_sql(index))
             tuples.append(f"({', '.join(marks)})")
         statements.append((head + ", ".join(tuples), params))
     return statements
