@@ -37,6 +37,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection, transaction
 
+    from django_tasks_plus import enqueue_many
     from django_tasks_plus.models import TaskRecord
     from example.tasks import add
 
@@ -56,6 +57,13 @@ def main() -> None:
             add.enqueue(n, n)
     batched = args.tasks / (time.perf_counter() - started)
     print(f"enqueue in one transaction: {batched:,.0f} tasks/s")
+
+    TaskRecord.objects.all().delete()
+    calls = [((n, n), {}) for n in range(args.tasks)]
+    started = time.perf_counter()
+    enqueue_many(add, calls)
+    bulk = args.tasks / (time.perf_counter() - started)
+    print(f"enqueue_many: {bulk:,.0f} tasks/s")
     connection.close()
 
     command = [

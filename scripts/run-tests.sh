@@ -4,7 +4,7 @@
 # combination gets its own virtualenv, (re)installed when pyproject.toml changes.
 #
 #   combo     Python           venv             installs
-#   django61  3.12+ (3.13,3.12) .venv-django61  -e .[test]          django>=6.1,<6.2
+#   django61  3.12+ (3.12 first) .venv-django61  -e .[test]          django>=6.1,<6.2
 #   django52  3.11             .venv-django52   -e .[test,backport] django>=5.2,<5.3
 #
 # Environment knobs:
@@ -79,10 +79,10 @@ find_combo_python() {
     local -a candidates
     case $combo in
     django61)
-        # Django 6.1 supports Python 3.12-3.14.
-        mapfile -t candidates < <(dtp_pyenv_pythons '3.1[23]*')
+        # Django 6.1 supports Python 3.12-3.14; CI's reference is 3.12, so prefer it.
+        mapfile -t candidates < <(dtp_pyenv_pythons '3.12*'; dtp_pyenv_pythons '3.1[34]*')
         PYTHON=$(dtp_find_python '^3\.1[234]$' \
-            python3.13 python3.12 python3.14 python3 "${candidates[@]}")
+            python3.12 python3.13 python3.14 python3 "${candidates[@]}")
         ;;
     django52)
         mapfile -t candidates < <(dtp_pyenv_pythons '3.11*')

@@ -126,6 +126,34 @@ def test_sixteen_threads_racing_for_one_key_make_one_task():
     assert _rows() == 1
 
 
+@pytest.mark.postgres
+def test_processes_racing_for_the_same_keys_make_one_task_per_key(tmp_path):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, worker_env
+
+    env = worker_env(tmp_path)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.enqueue_keys", "--keys", "100", "--seed", str(seed)],
+            cwd=REPO,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(4)
+    ]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+    assert _rows() == 100
+    assert TaskRecord.objects.values("dedup_key").distinct().count() == 100
+    assert DedupKey.objects.filter(key__startswith="multi:").count() == 100
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
