@@ -28,7 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     "VISIBILITY_TIMEOUT": 60.0,
     "POLL_INTERVAL": 1.0,
     "CONCURRENCY": 8,
-    "PREFETCH": 0,
+    "PREFETCH": None,
     "SHUTDOWN_TIMEOUT": 30.0,
     "DOER": "unlimited",
     "QUEUES_CONFIG": {},
@@ -55,7 +55,7 @@ class BackendSettings:
     visibility_timeout: float = 60.0
     poll_interval: float = 1.0
     concurrency: int = 8
-    prefetch: int = 0
+    prefetch: int | None = None  # None: as many as CONCURRENCY
     shutdown_timeout: float = 30.0
     doer: Any = "unlimited"
     queue_doers: Mapping[str, Any] = field(default_factory=dict)
@@ -203,7 +203,9 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         ),
         poll_interval=_positive_number(alias, "POLL_INTERVAL", merged["POLL_INTERVAL"]),
         concurrency=_positive_int(alias, "CONCURRENCY", merged["CONCURRENCY"]),
-        prefetch=_non_negative_int(alias, "PREFETCH", merged["PREFETCH"]),
+        prefetch=None
+        if merged["PREFETCH"] is None
+        else _non_negative_int(alias, "PREFETCH", merged["PREFETCH"]),
         shutdown_timeout=_positive_number(alias, "SHUTDOWN_TIMEOUT", merged["SHUTDOWN_TIMEOUT"]),
         doer=_doer_spec(alias, "DOER", merged["DOER"]),
         queue_doers=queue_doers,

@@ -39,6 +39,12 @@ class ClaimedTask:
     lease_token: str
     backend_name: str = "default"
     ordering_key: str | None = None
+    claimed_at: datetime | None = None  # the claim's clock; started_at equals it on a first run
+
+    @property
+    def first_run(self) -> bool:
+        """Whether this claim set ``started_at`` (the task never started before)."""
+        return self.claimed_at is not None and self.started_at == self.claimed_at
 
 
 # Events: what happened to one claimed task.
@@ -105,9 +111,11 @@ def error_record(
     exc: BaseException, traceback: str, *, attempt: int, worker_id: str | None, at: datetime
 ) -> dict[str, Any]:
     """The JSON kept per failed attempt; the first two keys are Django's ``TaskError``."""
+    text = traceback or format_traceback(exc)
     return {
         "exception_class_path": exception_path(exc),
-        "traceback": traceback or format_traceback(exc),
+        # NUL cannot be stored in PostgreSQL's jsonb; show it escaped instead.
+        "traceback": text.replace("\x00", "\\x00"),
         "attempt": attempt,
         "worker_id": worker_id,
         "at": at.isoformat(),
@@ -125,7 +133,7 @@ def _dead(
     values = {
         "errors": [*task.errors, error],
         "finished_at": now,
-        "dead_letter_reason": reason[:2000],
+        "dead_letter_reason": reason[:2000].replace("\x00", "\\x00"),
     }
     if block and task.ordering_key is not None:
         values["ordering_blocked"] = True
@@ -139,12 +147,32 @@ def transition(
     policy: RetryPolicy,
     now: datetime,
     block_ordering: bool = False,
+    started: datetime | None = None,
 ) -> Transition:
     """Decide the row's next state after ``event``; never raises for a bad policy.
 
     ``block_ordering``: the task's ``ordering_failure`` is ``"block"``, so a dead-lettered
     task keeps its ordering key blocked. Cancelled tasks never block their key.
+    ``started``: when the attempt really began (a claimed task may wait in the worker's
+    prefetch buffer first); recorded as ``last_attempted_at`` (and ``started_at`` on the
+    first run) so the timeline shows execution, not claiming.
     """
+    outcome = _decide(task, event, policy=policy, now=now, block_ordering=block_ordering)
+    if started is not None and not isinstance(event, Released):
+        outcome.values["last_attempted_at"] = started
+        if task.first_run:
+            outcome.values["started_at"] = started
+    return outcome
+
+
+def _decide(
+    task: ClaimedTask,
+    event: Event,
+    *,
+    policy: RetryPolicy,
+    now: datetime,
+    block_ordering: bool,
+) -> Transition:
     worker_id = task.worker_ids[-1] if task.worker_ids else None
     if isinstance(event, Succeeded):
         return Transition(

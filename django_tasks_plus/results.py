@@ -129,7 +129,7 @@ def result_from_claim(task: compat.Task, claimed: ClaimedTask, now: datetime) ->
         args=shown[0],
         kwargs=shown[1],
         enqueued_at=claimed.enqueued_at,
-        started_at=claimed.started_at or now,
+        started_at=now if claimed.first_run or claimed.started_at is None else claimed.started_at,
         finished_at=None,
         last_attempted_at=now,
         errors=claimed.errors,

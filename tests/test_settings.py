@@ -22,7 +22,7 @@ def test_defaults():
     assert settings.database == "default"
     assert settings.visibility_timeout == 60.0
     assert settings.concurrency == 8
-    assert settings.prefetch == 0
+    assert settings.prefetch is None  # the worker then prefetches as many as CONCURRENCY
     assert settings.notify is True
     assert settings.retry == exponential_backoff()
     assert settings.doer_spec_for("default") == "unlimited"

@@ -154,7 +154,7 @@ def _as_json(value: Any) -> Any:
     return loads(value) if isinstance(value, str | bytes) else value
 
 
-def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
+def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> ClaimedTask:
     """Build a ``ClaimedTask`` from a RETURNING row in ``CLAIM_COLUMNS`` order.
 
     JSON columns arrive as text (Django loads jsonb as text, SQLite stores text) and
@@ -178,6 +178,7 @@ def claimed_from_row(row: Sequence[Any]) -> ClaimedTask:
         lease_token=data["lease_token"],
         backend_name=data["backend_name"],
         ordering_key=data["ordering_key"],
+        claimed_at=claimed_at,
     )
 
 

@@ -126,4 +126,4 @@ class SQLiteDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-        return sort_claimed([claimed_from_row(row) for row in rows])
+        return sort_claimed([claimed_from_row(row, now) for row in rows])

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+
+from django.db import connections
 
 from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask, Transition
 from ..models import TaskRecord, WorkerRecord
-from .base import CLAIM_COLUMNS, claimed_from_row
+from .base import CLAIM_COLUMNS, RUNNING, claimed_from_row, column, prep, table
 
 
 def apply_transition(
@@ -44,19 +47,33 @@ def apply_transition(
 def renew_leases(
     database: str, leases: Iterable[tuple[str, str]], lease_expires_at: datetime
 ) -> set[str]:
-    """Extend every still-held lease in one statement; return the ids no longer held."""
+    """Extend every still-held lease in one statement; return the ids no longer held.
+
+    One ``UPDATE … RETURNING``, so a task that finishes meanwhile is never mistaken for a
+    lost lease by a second look.
+    """
     leases = list(leases)
     if not leases:
         return set()
+    connection = connections[database]
+    quote = connection.ops.quote_name
     ids = [task_id for task_id, _ in leases]
-    tokens = {token for _, token in leases}
-    rows = TaskRecord.objects.using(database).filter(
-        pk__in=ids, lease_token__in=tokens, status=TaskResultStatus.RUNNING
+    tokens = sorted({token for _, token in leases})
+    id_column, token_column = quote(column("id")), quote(column("lease_token"))
+    sql = (
+        f"UPDATE {quote(table())} SET {quote(column('lease_expires_at'))} = %s "
+        f"WHERE {id_column} IN ({', '.join(['%s'] * len(ids))}) "
+        f"AND {token_column} IN ({', '.join(['%s'] * len(tokens))}) "
+        f"AND {quote(column('status'))} = '{RUNNING}' RETURNING {id_column}"
     )
-    updated = rows.update(lease_expires_at=lease_expires_at)
-    if updated == len(ids):
-        return set()
-    held = {str(pk) for pk in rows.values_list("pk", flat=True)}
+    params = [
+        prep("lease_expires_at", lease_expires_at, connection),
+        *(prep("id", uuid.UUID(task_id), connection) for task_id in ids),
+        *tokens,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        held = {str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()}
     return set(ids) - held
 
 

@@ -33,6 +33,7 @@ from .doers import Doer, make_doer
 from .execution import AttemptReport, TaskRunner
 from .heartbeat import Heartbeat
 from .reaper import reap_expired
+from .reporter import Reporter
 from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -92,12 +93,14 @@ class Worker:
         self.backend = task_backends[config.backend_alias]
         self.database = self.backend.settings.database
         self.groups = build_groups(self.backend.settings, config.queues)
+        self.reporter = Reporter(self.database, persist_deadline=config.visibility_timeout)
         self.runner = TaskRunner(
             self.backend,
             clock=clock,
             persist_deadline=config.visibility_timeout,
             log_each_task=config.log_each_task,
             on_settle=self._mark_settling,
+            reporter=self.reporter,
         )
         self.visibility = timedelta(seconds=config.visibility_timeout)
         self.stopping = threading.Event()
@@ -142,6 +145,7 @@ class Worker:
             stop=self.halt,
         )
         heartbeat.start()
+        self.reporter.start()
         self.listening = (
             self.config.listen
             and self.backend.settings.notify
@@ -322,7 +326,7 @@ class Worker:
 
     def _on_leases_lost(self, lost: set[str]) -> None:
         with self._leased_lock:
-            lost = lost - self._settling
+            lost = (lost & self._leased.keys()) - self._settling
         if not lost:
             return
         logger.warning(
@@ -357,6 +361,9 @@ class Worker:
                 abandoned,
             )
         self.halt.set()
+        if not abandoned:
+            self.reporter.stop()
+            self.reporter.join(timeout=self.config.visibility_timeout)
         try:
             remove_worker(self.database, self.config.worker_id)
         except Exception as exc:

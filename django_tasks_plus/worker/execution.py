@@ -52,6 +52,7 @@ from .timeouts import AttemptTimer
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
+    from .reporter import Reporter
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -123,6 +124,7 @@ class TaskRunner:
         persist_deadline: float,
         log_each_task: bool = False,
         on_settle: Callable[[str], None] | None = None,
+        reporter: Reporter | None = None,
     ) -> None:
         self.backend = backend
         self.database = backend.settings.database
@@ -130,6 +132,7 @@ class TaskRunner:
         self.persist_deadline = persist_deadline
         self.log_each_task = log_each_task
         self.on_settle = on_settle
+        self.reporter = reporter
 
     def run(self, claimed: ClaimedTask) -> AttemptReport:
         started = time.monotonic()
@@ -167,7 +170,8 @@ class TaskRunner:
         except (InvalidTaskArguments, InvalidTaskOptions) as exc:
             return self._settle_unrunnable(claimed, exc)
 
-        result = result_from_claim(task, claimed, self.clock())
+        started = self.clock()
+        result = result_from_claim(task, claimed, started)
         try:
             compat.task_started.send(sender=type(self.backend), task_result=result)
             value = _call(task, result, args, kwargs)
@@ -179,17 +183,18 @@ class TaskRunner:
                 ) from exc
         except TaskDeferred as exc:
             event: Event = Deferred(deferred_until(self.clock(), exc.delay, exc.run_after))
-            return self._settle(claimed, task, result, event)
+            return self._settle(claimed, task, result, event, started)
         except (Abort, Cancelled, ReturnValueNotSerializable) as exc:
-            return self._settle(claimed, task, result, Aborted(exc, format_traceback(exc)))
+            aborted = Aborted(exc, format_traceback(exc))
+            return self._settle(claimed, task, result, aborted, started)
         except BaseException as exc:  # task code may raise anything, even SystemExit
             failure: Event = Failed(exc, format_traceback(exc))
             if cancel_requested(self.database, claimed.id):
                 # Cancelled while running: do not retry it.
                 failure = Aborted(exc, format_traceback(exc), reason="cancelled while running")
-            return self._settle(claimed, task, result, failure)
+            return self._settle(claimed, task, result, failure, started)
         else:
-            return self._settle(claimed, task, result, Succeeded(stored))
+            return self._settle(claimed, task, result, Succeeded(stored), started)
 
     def _settle_unrunnable(self, claimed: ClaimedTask, exc: Exception) -> tuple[str, bool]:
         """Dead-letter a row that cannot run; there is no task to signal about."""
@@ -205,6 +210,7 @@ class TaskRunner:
         task: compat.Task,
         result: compat.TaskResult,
         event: Event,
+        started: datetime,
     ) -> tuple[str, bool]:
         """Write the outcome; send ``task_finished`` for final ones that landed.
 
@@ -218,6 +224,7 @@ class TaskRunner:
             policy=self.backend.retry_policy_for(task),
             now=now,
             block_ordering=getattr(task, "ordering_failure", "continue") == "block",
+            started=started,
         )
         landed = self._persist(claimed, outcome)
         if landed and outcome.is_final:
@@ -237,6 +244,8 @@ class TaskRunner:
         if self.on_settle is not None:
             # From here on the lease may end by our own write: not a lost lease.
             self.on_settle(claimed.id)
+        if self.reporter is not None:
+            return self.reporter.write(claimed, outcome)
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
         while True:

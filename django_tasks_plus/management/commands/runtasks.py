@@ -65,7 +65,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--prefetch",
             type=int,
-            help="Tasks claimed beyond free threads, to hide claim latency (default: OPTIONS, 0).",
+            help="Tasks claimed beyond free threads, so claims come in batches "
+            "(default: OPTIONS['PREFETCH'], else the concurrency).",
         )
         parser.add_argument(
             "--processes", type=_positive_int, default=1, help="Worker processes to fork."
@@ -109,11 +110,15 @@ class Command(BaseCommand):
             )
         if options["prefetch"] is not None and options["prefetch"] < 0:
             raise CommandError("--prefetch must be 0 or more.")
+        concurrency = options["concurrency"] or settings.concurrency
+        prefetch = options["prefetch"]
+        if prefetch is None:
+            prefetch = concurrency if settings.prefetch is None else settings.prefetch
         config = WorkerConfig(
             backend_alias=backend.alias,
             queues=queues,
-            concurrency=options["concurrency"] or settings.concurrency,
-            prefetch=settings.prefetch if options["prefetch"] is None else options["prefetch"],
+            concurrency=concurrency,
+            prefetch=prefetch,
             worker_id=worker_id,
             visibility_timeout=options["visibility_timeout"] or settings.visibility_timeout,
             shutdown_timeout=options["shutdown_timeout"] or settings.shutdown_timeout,
