@@ -238,7 +238,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
                     at=now,
                 )
                 if cancel_ready(database, task_id, error, now):
-                    self._announce_final(task_id)
+                    transaction.on_commit(partial(self._announce_final, task_id), using=database)
                     return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
             elif record.status == compat.TaskResultStatus.RUNNING:
                 if request_cancel(database, task_id):

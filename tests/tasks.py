@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import sys
 import time
@@ -37,7 +38,10 @@ def _on_started(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
 
 def _on_finished(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
     in_except = sys.exc_info()[0] is not None
-    _signal_log(f"finished {task_result.id} {task_result.status} in_except={in_except}")
+    line = f"finished {task_result.id} {task_result.status} in_except={in_except}"
+    if task_result.status == "SUCCESSFUL":
+        line += f" returned={type(task_result.return_value).__name__}"
+    _signal_log(line)
 
 
 task_started.connect(_on_started, dispatch_uid="dtp-tests-started")
@@ -203,3 +207,19 @@ def waits_for_cancel(context) -> str:  # type: ignore[no-untyped-def]
             raise Cancelled("stopped on request")
         time.sleep(0.05)
     return "never cancelled"
+
+
+@task
+def today() -> dt.date:
+    return dt.date(2026, 1, 2)
+
+
+@task(takes_context=True, retry=NO_WAIT, queue_name="slow", ordering_failure="block")
+def fails_once_cancelled(context) -> None:  # type: ignore[no-untyped-def]
+    marker = _marker(f"waiting-{context.task_result.id}")
+    if marker is not None:
+        marker.touch()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not context.cancel_requested():
+        time.sleep(0.05)
+    raise RuntimeError("noticed the cancel request, then crashed")

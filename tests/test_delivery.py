@@ -83,6 +83,14 @@ def test_dedup_key_can_be_taken_again_after_expiry():
     assert key.expires_at > timezone.now() + dt.timedelta(minutes=59)  # default TTL: 1 h
 
 
+def test_key_whose_tasks_were_deleted_is_free_again():
+    first = tasks.add.using(dedup_key="pruned").enqueue(1, 1)
+    TaskRecord.objects.filter(pk=first.id).delete()
+    second = tasks.add.using(dedup_key="pruned").enqueue(2, 2)
+    assert second.id != first.id
+    assert TaskRecord.objects.filter(pk=second.id).exists()
+
+
 def test_rolled_back_enqueue_releases_the_key():
     with pytest.raises(RuntimeError), transaction.atomic():
         tasks.add.using(dedup_key="rollback").enqueue(1, 1)
@@ -485,6 +493,25 @@ def test_cancel_a_running_task_cooperatively(start_worker, markers):
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[-1].exception_class_path == "django_tasks_plus.exceptions.Cancelled"
     assert TaskRecord.objects.get(pk=result.id).dead_letter_reason.endswith("stopped on request")
+
+
+def test_cancelled_task_that_then_fails_is_not_retried_and_blocks_nothing(
+    start_worker, markers, run_worker, steps
+):
+    result = tasks.fails_once_cancelled.using(ordering_key="cx").enqueue()
+    behind = tasks.step.using(ordering_key="cx").enqueue("cx", 1)
+    worker = start_worker("--max-tasks", "1", "--queue", "slow")
+    wait_for(lambda: (markers / f"waiting-{result.id}").exists())
+    assert cancel(result).outcome == "cancel_requested"
+    assert worker.wait(timeout=30) == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == 1  # not retried, although its policy allows 3 attempts
+    assert result.errors[0].exception_class_path == "django_tasks_plus.exceptions.Cancelled"
+    assert not TaskRecord.objects.get(pk=result.id).ordering_blocked
+    assert run_worker("--burst").returncode == 0
+    behind.refresh()
+    assert behind.status == TaskResultStatus.SUCCESSFUL
 
 
 def test_cancel_a_finished_task_says_so(run_worker):

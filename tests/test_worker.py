@@ -171,10 +171,17 @@ def test_signals_are_sent_in_the_worker(run_worker, markers):
 
     lines = (markers / "signals.log").read_text().splitlines()
     assert f"started {ok.id} RUNNING attempt=1" in lines
-    assert f"finished {ok.id} SUCCESSFUL in_except=False" in lines
+    assert f"finished {ok.id} SUCCESSFUL in_except=False returned=int" in lines
     assert f"started {failed.id} RUNNING attempt=1" in lines
     # Django documents task_finished as sent from inside the except block on failure.
     assert f"finished {failed.id} FAILED in_except=True" in lines
+
+
+def test_task_finished_sees_the_decoded_return_value(run_worker, markers):
+    result = tasks.today.enqueue()
+    assert run_worker("--burst").returncode == 0
+    lines = (markers / "signals.log").read_text().splitlines()
+    assert f"finished {result.id} SUCCESSFUL in_except=False returned=date" in lines
 
 
 def test_priority_and_queue_selection(run_worker):

@@ -73,13 +73,11 @@ def take_key(
 
 
 def _still_held(held: DedupKey, database: str, now: datetime) -> bool:
+    holders = TaskRecord.objects.using(database).filter(pk__in=held.task_ids)
     if held.until_finished:
-        return (
-            TaskRecord.objects.using(database)
-            .filter(pk__in=held.task_ids, status__in=PENDING)
-            .exists()
-        )
-    return held.expires_at > now
+        return holders.filter(status__in=PENDING).exists()
+    # A key whose tasks were deleted (pruned) admits nobody's result: take it over.
+    return held.expires_at > now and holders.exists()
 
 
 def _json_ids(task_ids: Sequence[str]) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import FrameType
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from ..compat import task_backends
@@ -260,6 +260,11 @@ class Worker:
                 )
             except (OperationalError, InterfaceError) as exc:
                 self._database_trouble(exc)
+                return total
+            except DatabaseError:
+                # Not a lost connection: log it loudly, back off, and keep the worker alive.
+                logger.exception("Claiming from queues %s failed; retrying shortly.", group.queues)
+                self.stopping.wait(1.0)
                 return total
             if not claimed:
                 continue

@@ -46,7 +46,7 @@ from ..lifecycle import (
     format_traceback,
     transition,
 )
-from ..results import result_from_claim, task_errors
+from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
 from .timeouts import AttemptTimer
 
@@ -165,10 +165,10 @@ class TaskRunner:
             args, kwargs = prepare_call(task, claimed)
         except DecodeError as exc:
             return self._settle_unrunnable(
-                claimed, InvalidTaskArguments(f"stored arguments are corrupt: {exc}")
+                claimed, InvalidTaskArguments(f"stored arguments are corrupt: {exc}"), task
             )
         except (InvalidTaskArguments, InvalidTaskOptions) as exc:
-            return self._settle_unrunnable(claimed, exc)
+            return self._settle_unrunnable(claimed, exc, task)
 
         started = self.clock()
         result = result_from_claim(task, claimed, started)
@@ -190,16 +190,25 @@ class TaskRunner:
         except BaseException as exc:  # task code may raise anything, even SystemExit
             failure: Event = Failed(exc, format_traceback(exc))
             if cancel_requested(self.database, claimed.id):
-                # Cancelled while running: do not retry it.
-                failure = Aborted(exc, format_traceback(exc), reason="cancelled while running")
+                # Cancelled while running: recorded as a cancellation, never retried.
+                cancelled = Cancelled(f"cancelled while running; it then raised {exc!r}")
+                failure = Aborted(cancelled, format_traceback(exc), reason=str(cancelled))
             return self._settle(claimed, task, result, failure, started)
         else:
             return self._settle(claimed, task, result, Succeeded(stored), started)
 
-    def _settle_unrunnable(self, claimed: ClaimedTask, exc: Exception) -> tuple[str, bool]:
-        """Dead-letter a row that cannot run; there is no task to signal about."""
+    def _settle_unrunnable(
+        self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None = None
+    ) -> tuple[str, bool]:
+        """Dead-letter a row that cannot run; no signals, since the task never started."""
         event = Aborted(exc, format_traceback(exc), reason=str(exc))
-        outcome = transition(claimed, event, policy=self.backend.settings.retry, now=self.clock())
+        outcome = transition(
+            claimed,
+            event,
+            policy=self.backend.settings.retry,
+            now=self.clock(),
+            block_ordering=_blocks_ordering(task),
+        )
         landed = self._persist(claimed, outcome)
         logger.error("Task %s dead-lettered: %s", claimed.id, exc)
         return outcome.status, landed
@@ -223,7 +232,7 @@ class TaskRunner:
             event,
             policy=self.backend.retry_policy_for(task),
             now=now,
-            block_ordering=getattr(task, "ordering_failure", "continue") == "block",
+            block_ordering=_blocks_ordering(task),
             started=started,
         )
         landed = self._persist(claimed, outcome)
@@ -266,12 +275,17 @@ class TaskRunner:
                 delay = min(delay * 2, 5.0)
 
 
+def _blocks_ordering(task: compat.Task | None) -> bool:
+    return getattr(task, "ordering_failure", "continue") == "block"
+
+
 def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime) -> None:
     """Give signal receivers the final state without another query."""
     object.__setattr__(result, "status", compat.TaskResultStatus(outcome.status))
     object.__setattr__(result, "finished_at", outcome.values.get("finished_at", now))
     if "return_value" in outcome.values:
-        object.__setattr__(result, "_return_value", outcome.values["return_value"])
+        value = stored_return_value(outcome.values["return_value"])
+        object.__setattr__(result, "_return_value", value)
     if outcome.error is not None:
         result.errors.extend(task_errors([outcome.error]))
 
