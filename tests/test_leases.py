@@ -95,35 +95,31 @@ def test_paused_worker_cannot_overwrite_the_new_owner(start_worker, run_worker, 
     assert result.worker_ids == ["paused", "new-owner"]
 
 
+def _claim_one(worker_id: str, now, lease_expires_at):  # type: ignore[no-untyped-def]
+    """Claim the next task of the default queue as ``worker_id``, as a worker would."""
+    [claimed] = dialect_for(connection).claim(
+        connection,
+        backend_name="default",
+        queues=["default"],
+        limit=1,
+        worker_id=worker_id,
+        lease_token=uuid.uuid4().hex,
+        now=now,
+        lease_expires_at=lease_expires_at,
+    )
+    return claimed
+
+
 def test_fenced_writes_in_process():
     """A lease holder that was reaped loses every write; the new holder's outcome stays."""
     backend = task_backends["default"]
-    dialect = dialect_for(connection)
     result = tasks.add.enqueue(1, 2)
     now = timezone.now()
 
-    [first] = dialect.claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=1,
-        worker_id="A",
-        lease_token=uuid.uuid4().hex,
-        now=now,
-        lease_expires_at=now - timedelta(seconds=1),  # already expired
-    )
+    first = _claim_one("A", now, now - timedelta(seconds=1))  # lease already expired
     assert reap_expired(backend, timezone.now) == 1
     later = timezone.now() + timedelta(hours=1)  # past any retry delay
-    [second] = dialect.claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=1,
-        worker_id="B",
-        lease_token=uuid.uuid4().hex,
-        now=later,
-        lease_expires_at=later + timedelta(minutes=5),
-    )
+    second = _claim_one("B", later, later + timedelta(minutes=5))
     assert second.id == first.id
     assert second.attempt == 2
 
@@ -141,20 +137,10 @@ def test_fenced_writes_in_process():
 
 def test_reaper_dead_letters_when_attempts_are_spent():
     backend = task_backends["default"]
-    dialect = dialect_for(connection)
     result = tasks.always_fails.enqueue("x")  # NO_WAIT: three attempts
     for attempt in (1, 2, 3):
         now = timezone.now()
-        [claimed] = dialect.claim(
-            connection,
-            backend_name="default",
-            queues=["default"],
-            limit=1,
-            worker_id=f"w{attempt}",
-            lease_token=uuid.uuid4().hex,
-            now=now,
-            lease_expires_at=now - timedelta(seconds=1),
-        )
+        claimed = _claim_one(f"w{attempt}", now, now - timedelta(seconds=1))
         assert claimed.attempt == attempt
         assert reap_expired(backend, timezone.now) == 1
     row = _row(result)
