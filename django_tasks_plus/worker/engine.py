@@ -1,8 +1,9 @@
 """The ``runtasks`` engine: claim batches, hand them to doers, run them on threads.
 
-One main thread claims and dispatches; ``concurrency`` threads run tasks; a heartbeat
-thread renews leases and reaps; on PostgreSQL a listener thread turns NOTIFY into
-wake-ups. Doers are only touched by the main thread, so they need no locks.
+One main thread claims and dispatches; ``concurrency`` threads run tasks; one reporter
+thread writes their outcomes in batches (group commit); a heartbeat thread renews leases
+and reaps; on PostgreSQL a listener thread turns NOTIFY into wake-ups. Doers are only
+touched by the main thread, so they need no locks.
 """
 
 from __future__ import annotations
@@ -97,10 +98,9 @@ class Worker:
         self.runner = TaskRunner(
             self.backend,
             clock=clock,
-            persist_deadline=config.visibility_timeout,
+            reporter=self.reporter,
             log_each_task=config.log_each_task,
             on_settle=self._mark_settling,
-            reporter=self.reporter,
         )
         self.visibility = timedelta(seconds=config.visibility_timeout)
         self.stopping = threading.Event()

@@ -17,12 +17,12 @@ from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
 
 from .. import compat
 from ..codec import DecodeError, EncodeError, decode_call, to_json
 from ..context import TaskContext
-from ..db.store import apply_transition, cancel_requested
+from ..db.store import cancel_requested
 from ..definition import compiled_schema, resolve_task
 from ..exceptions import (
     Abort,
@@ -121,15 +121,13 @@ class TaskRunner:
         backend: DatabaseBackend,
         *,
         clock: Clock,
-        persist_deadline: float,
+        reporter: Reporter,
         log_each_task: bool = False,
         on_settle: Callable[[str], None] | None = None,
-        reporter: Reporter | None = None,
     ) -> None:
         self.backend = backend
         self.database = backend.settings.database
         self.clock = clock
-        self.persist_deadline = persist_deadline
         self.log_each_task = log_each_task
         self.on_settle = on_settle
         self.reporter = reporter
@@ -249,30 +247,11 @@ class TaskRunner:
         return outcome.status, landed
 
     def _persist(self, claimed: ClaimedTask, outcome: Transition) -> bool:
-        """Write with retries while the database is unreachable, up to the lease's life."""
+        """Hand the outcome to the reporter (one writer, group commit) and wait for it."""
         if self.on_settle is not None:
             # From here on the lease may end by our own write: not a lost lease.
             self.on_settle(claimed.id)
-        if self.reporter is not None:
-            return self.reporter.write(claimed, outcome)
-        deadline = time.monotonic() + self.persist_deadline
-        delay = 0.2
-        while True:
-            try:
-                return apply_transition(self.database, claimed, outcome)
-            except (OperationalError, InterfaceError) as exc:
-                _reset_connection_if_broken(self.database, force=True)
-                if time.monotonic() + delay > deadline:
-                    logger.error(
-                        "Task %s: could not write its outcome (%s); the lease will expire and "
-                        "the task will be retried.",
-                        claimed.id,
-                        exc,
-                    )
-                    return False
-                logger.warning("Task %s: database unavailable (%s), retrying", claimed.id, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return self.reporter.write(claimed, outcome)
 
 
 def _blocks_ordering(task: compat.Task | None) -> bool:
@@ -290,12 +269,11 @@ def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime
         result.errors.extend(task_errors([outcome.error]))
 
 
-def _reset_connection_if_broken(database: str, *, force: bool = False) -> None:
-    """Drop this thread's connection if it failed, so the next use reconnects."""
+def _reset_connection_if_broken(database: str) -> None:
+    """Drop this thread's connection if task code broke it, so the next use reconnects."""
     connection = connections[database]
-    if connection.connection is None:
+    if connection.connection is None or not connection.errors_occurred:
         return
-    if force or connection.errors_occurred:
-        if force or not connection.is_usable():
-            connection.close()
-        connection.errors_occurred = False
+    if not connection.is_usable():
+        connection.close()
+    connection.errors_occurred = False
