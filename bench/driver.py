@@ -1,0 +1,373 @@
+"""One django-tasks-plus measurement per invocation, printed as a JSON line.
+
+``run.py`` starts this script once per measurement so that every figure comes from a
+fresh process with its own settings (PostgreSQL or a SQLite file, chosen by
+DATABASE_URL) and no state left over from an earlier workload.
+
+    python bench/driver.py {setup,enqueue-single,enqueue-bulk,drain,latency} [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import django
+
+django.setup()
+
+from benchenv import (  # noqa: E402
+    TreeRssSampler,
+    machine_cpu,
+    percentile,
+    runtasks_command,
+    wait_until,
+)
+from benchtasks import stamp  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.db.models import Max, Min  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from django_tasks_plus import enqueue_many  # noqa: E402
+from django_tasks_plus.compat import task_backends  # noqa: E402
+from django_tasks_plus.db.base import ordering_head_sql  # noqa: E402
+from django_tasks_plus.models import DedupKey, TaskRecord, WorkerRecord  # noqa: E402
+from example.tasks import add  # noqa: E402
+
+TASKS = TaskRecord._meta.db_table
+READY_INDEX = "dtp_task_ready_idx"
+CLAIM_LIMIT = 16  # default concurrency 8 + default prefetch 8
+
+
+# --------------------------------------------------------------------------------------
+# Database housekeeping
+# --------------------------------------------------------------------------------------
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def empty_tables() -> None:
+    """Start from an empty queue; TRUNCATE on PostgreSQL so no dead tuples remain."""
+    models = (TaskRecord, WorkerRecord, DedupKey)
+    with connection.cursor() as cursor:
+        if is_postgres():
+            names = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in models)
+            cursor.execute(f"TRUNCATE {names}")
+        else:
+            for model in models:
+                cursor.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)}")
+
+
+def vacuum_analyze() -> None:
+    """Fresh statistics and no dead tuples before a timed drain (autocommit needed)."""
+    with connection.cursor() as cursor:
+        if is_postgres():
+            cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TASKS)}")
+        else:
+            cursor.execute("VACUUM")
+            cursor.execute("ANALYZE")
+
+
+def fill_history(rows: int) -> float:
+    """Insert ``rows`` finished (SUCCESSFUL) tasks in one statement; return seconds taken.
+
+    Every NOT NULL column gets a real value; ``sequence`` comes from its default. The rows
+    look like yesterday's ``add`` calls, so only their status keeps them out of a claim.
+    """
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {connection.ops.quote_name(TASKS)} (
+                id, task_path, backend_name, queue_name, priority, args, kwargs, status,
+                run_after, attempt, lease_token, lease_expires_at, worker_ids, enqueued_at,
+                started_at, last_attempted_at, finished_at, return_value, errors,
+                dead_letter_reason, ordering_key, ordering_blocked, dedup_key,
+                cancel_requested
+            )
+            SELECT gen_random_uuid(), 'example.tasks.add', 'default', 'default', 0,
+                   jsonb_build_array(g, g), '{{}}'::jsonb, 'SUCCESSFUL',
+                   at, 1, NULL, NULL, '["history-worker"]'::jsonb, at,
+                   at + interval '1 ms', at + interval '1 ms', at + interval '2 ms',
+                   to_jsonb(2 * g), '[]'::jsonb, '', NULL, false, NULL, false
+            FROM generate_series(1, %s) AS g,
+                 LATERAL (SELECT now() - interval '1 day' + g * interval '50 ms') AS t(at)
+            """,
+            [rows],
+        )
+    return time.perf_counter() - started
+
+
+def committed_transactions() -> int | None:
+    """Transactions committed in this database so far (PostgreSQL statistics).
+
+    Read after the worker has exited: a backend flushes its counters when it ends.
+    """
+    if not is_postgres():
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def claim_plan() -> dict[str, Any]:
+    """EXPLAIN (ANALYZE) the worker's candidate SELECT, rolled back; does it use the index?
+
+    It is the SELECT inside the worker's claim CTE, with the same filters (the ordering-key
+    guard comes from the package itself), the served queues and the default batch limit.
+    """
+    if not is_postgres():
+        return {}
+    quote = connection.ops.quote_name
+    queues = sorted(task_backends["default"].settings.queues)
+    sql = f"""
+        EXPLAIN (ANALYZE, BUFFERS)
+        SELECT candidate.id FROM {quote(TASKS)} candidate
+        WHERE candidate.status = 'READY'
+          AND candidate.backend_name = 'default'
+          AND candidate.queue_name = ANY(%s)
+          AND candidate.run_after <= now()
+          AND {ordering_head_sql("candidate", quote)}
+        ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
+        LIMIT {CLAIM_LIMIT}
+        FOR UPDATE SKIP LOCKED
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, [queues])
+        lines = [row[0] for row in cursor.fetchall()]
+        transaction.set_rollback(True)
+    plan = "\n".join(lines)
+    return {"plan": plan, "uses_ready_index": READY_INDEX in plan}
+
+
+# --------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------
+
+
+def setup(_: argparse.Namespace) -> dict[str, Any]:
+    call_command("migrate", verbosity=0)
+    return {"vendor": connection.vendor}
+
+
+def enqueue_single(args: argparse.Namespace) -> dict[str, Any]:
+    """``add.enqueue`` in autocommit: one INSERT (+ NOTIFY) and one commit per call."""
+    empty_tables()
+    vacuum_analyze()
+    started = time.perf_counter()
+    for i in range(args.tasks):
+        add.enqueue(i, i)
+    seconds = time.perf_counter() - started
+    return {"rate": args.tasks / seconds, "seconds": seconds}
+
+
+def enqueue_bulk(args: argparse.Namespace) -> dict[str, Any]:
+    """``enqueue_many`` of one batch: validation, encoding, COPY and commit."""
+    empty_tables()
+    vacuum_analyze()
+    calls = [((i, i), {}) for i in range(args.tasks)]
+    started = time.perf_counter()
+    enqueue_many(add, calls)
+    seconds = time.perf_counter() - started
+    return {"rate": args.tasks / seconds, "seconds": seconds}
+
+
+def _worker_options(args: argparse.Namespace) -> list[str]:
+    options = ["--burst", "--processes", str(args.processes)]
+    if args.concurrency:
+        options += ["--concurrency", str(args.concurrency)]
+    if args.prefetch is not None:
+        options += ["--prefetch", str(args.prefetch)]
+    return options
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_burst(command: list[str], measure_rss: bool) -> tuple[float, dict[str, Any]]:
+    """Run the worker to exit; return wall seconds (process start included) and resources.
+
+    CPU time comes from RUSAGE_CHILDREN, which includes the forked workers because the
+    supervisor waits for them; machine CPU shows whether the drain was CPU-bound at all.
+    """
+    cpu_before, (busy_before, total_before) = _children_cpu(), machine_cpu()
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if measure_rss:
+        with TreeRssSampler(process.pid) as sampler:
+            _, stderr = process.communicate()
+        usage: dict[str, Any] = dict(sampler.summary())
+    else:
+        _, stderr = process.communicate()
+        usage = {}
+    seconds = time.perf_counter() - started
+    if process.returncode:
+        raise RuntimeError(f"worker exited {process.returncode}: {stderr.decode()[-2000:]}")
+    busy_after, total_after = machine_cpu()
+    usage["worker_cpu_seconds"] = _children_cpu() - cpu_before
+    usage["machine_cpu_busy_percent"] = (
+        100 * (busy_after - busy_before) / max(total_after - total_before, 1)
+    )
+    return seconds, usage
+
+
+def _verify_drain(since: datetime, expected: int) -> dict[str, Any]:
+    """Every drained task SUCCESSFUL with the right return value; first start, last end."""
+    rows = TaskRecord.objects.filter(enqueued_at__gte=since)
+    bad = sum(
+        1
+        for status, call, value in rows.values_list("status", "args", "return_value").iterator()
+        if status != "SUCCESSFUL" or value != call[0] + call[1]
+    )
+    span = rows.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    total = rows.count()
+    if total != expected or bad:
+        raise RuntimeError(f"drain check failed: {total} rows of {expected}, {bad} not correct")
+    return {"first_started": span["first"], "last_finished": span["last"]}
+
+
+def drain(args: argparse.Namespace) -> dict[str, Any]:
+    """Pre-enqueue ``tasks`` no-op tasks (optionally over finished history), then drain."""
+    empty_tables()
+    result: dict[str, Any] = {}
+    if args.history:
+        result["history_rows"] = args.history
+        result["history_fill_seconds"] = fill_history(args.history)
+        vacuum_analyze()
+    since = timezone.now()
+    enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
+    vacuum_analyze()
+    result.update(claim_plan())
+    commits_before = committed_transactions()
+    connection.close()  # the worker should not compete with an idle session
+
+    command = runtasks_command(*_worker_options(args))
+    if args.profile:
+        spy = [args.pyspy, "record", "--format", "raw", "--subprocesses", "--nolineno"]
+        command = [*spy, "--rate", "250", "--output", args.profile, "--", *command]
+    wall, usage = _run_burst(command, measure_rss=not args.profile)
+    span = _verify_drain(since, args.tasks)
+    steady = (span["last_finished"] - span["first_started"]).total_seconds()
+    usage["worker_cpu_ms_per_task"] = usage["worker_cpu_seconds"] * 1000 / args.tasks
+    commits_after = committed_transactions()
+    if commits_before is not None and commits_after is not None:
+        # Includes the verification queries above: a handful against thousands.
+        usage["commits_per_task"] = (commits_after - commits_before) / args.tasks
+    result.update(usage)
+    result.update(
+        rate_with_start=args.tasks / wall,
+        wall_seconds=wall,
+        rate=args.tasks / steady,
+        steady_seconds=steady,
+    )
+    return result
+
+
+def _start_idle_worker() -> subprocess.Popen[bytes]:
+    """One default ``runtasks``; ready once its WorkerRecord exists, plus a second."""
+    process = subprocess.Popen(runtasks_command(), stdout=subprocess.DEVNULL)
+    if not wait_until(WorkerRecord.objects.exists, timeout=30):
+        process.kill()
+        raise RuntimeError("the latency worker never registered")
+    time.sleep(1.0)
+    return process
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _paced(count: int, rate: float, action: Callable[[int], None]) -> None:
+    """Call ``action(i)`` ``count`` times on a fixed schedule of ``rate`` per second."""
+    origin = time.perf_counter()
+    for i in range(count):
+        delay = origin + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        action(i)
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    """Enqueue-to-start latency against an idle worker, at a steady trickle."""
+    empty_tables()
+    vacuum_analyze()
+    worker = _start_idle_worker()
+    enqueue_seconds: list[float] = []
+
+    def send(_: int) -> None:
+        sent = time.time()
+        stamp.enqueue(sent)
+        enqueue_seconds.append(time.time() - sent)
+
+    try:
+        _paced(args.tasks, args.rate, send)
+        done = TaskRecord.objects.filter(status="SUCCESSFUL", task_path=stamp.module_path)
+        finished = wait_until(lambda: done.count() >= args.tasks, timeout=60, interval=0.1)
+    finally:
+        _stop(worker)
+    if not finished:
+        raise RuntimeError(f"only {done.count()} of {args.tasks} latency tasks finished")
+    delays = sorted(
+        (started - call[0]) * 1000 for call, started in done.values_list("args", "return_value")
+    )
+    return {
+        "p50_ms": percentile(delays, 0.50),
+        "p95_ms": percentile(delays, 0.95),
+        "p99_ms": percentile(delays, 0.99),
+        "max_ms": delays[-1],
+        "mean_enqueue_ms": sum(enqueue_seconds) / len(enqueue_seconds) * 1000,
+        "tasks": len(delays),
+    }
+
+
+WORKLOADS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "setup": setup,
+    "enqueue-single": enqueue_single,
+    "enqueue-bulk": enqueue_bulk,
+    "drain": drain,
+    "latency": latency,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="One django-tasks-plus measurement.")
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--history", type=int, default=0, help="finished rows under a drain")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--concurrency", type=int)
+    parser.add_argument("--prefetch", type=int)
+    parser.add_argument("--rate", type=float, default=50.0, help="latency enqueues per second")
+    parser.add_argument("--profile", help="write a py-spy raw profile of the drain here")
+    parser.add_argument("--pyspy", default="py-spy")
+    args = parser.parse_args()
+    result = WORKLOADS[args.workload](args)
+    result["pid"] = os.getpid()
+    print(json.dumps(result, default=str))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
