@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -103,7 +104,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
         database = self.settings.database
         connection = connections[database]
         try:
-            with transaction.atomic(using=database):
+            # One task without a dedup key is one INSERT statement, atomic by itself: no
+            # BEGIN/COMMIT round trips around it in autocommit mode.
+            single_statement = len(envelopes) == 1 and getattr(task, "dedup_key", None) is None
+            with nullcontext() if single_statement else transaction.atomic(using=database):
                 held_by = self._take_dedup_key(connection, task, envelopes, now)
                 if held_by is not None:
                     return [self.get_result(task_id) for task_id in held_by]
