@@ -210,9 +210,11 @@ class Worker:
             if self.config.burst and claimed == 0 and not self._leased:
                 logger.info("Burst mode: nothing left to do; stopping.")
                 return
-            if claimed and self._free_slots() > 0:
-                continue
-            self.wakeup.wait(backoff.next(claimed > 0))
+            if claimed:
+                backoff.reset()  # work is flowing: poll soon again
+                if self._free_slots() > 0:
+                    continue
+            self.wakeup.wait(backoff.next())
 
     def _free_slots(self) -> int:
         free = self.config.concurrency + self.config.prefetch - len(self._leased)

@@ -13,10 +13,11 @@ from ..db.base import NOTIFY_CHANNEL
 logger = logging.getLogger("django_tasks_plus.worker")
 
 MIN_POLL = 0.02
+GROWTH = 1.5  # gentle: a queue fed every few tens of ms should not drift to long waits
 
 
 class PollBackoff:
-    """Wait briefly after work was found, doubling up to ``maximum`` while there is none.
+    """Wait briefly after work was found, growing up to ``maximum`` while there is none.
 
     Keeps a busy queue's latency low without hammering the database when it is idle.
     """
@@ -24,13 +25,15 @@ class PollBackoff:
     def __init__(self, maximum: float, minimum: float = MIN_POLL) -> None:
         self.minimum = min(minimum, maximum)
         self.maximum = maximum
-        self.current = self.minimum
+        self.current = self.minimum / GROWTH  # the first next() returns the minimum
 
-    def next(self, found_work: bool) -> float:
-        if found_work:
-            self.current = self.minimum
-        else:
-            self.current = min(self.maximum, self.current * 2)
+    def reset(self) -> None:
+        """Work was found: the next wait is the shortest."""
+        self.current = self.minimum / GROWTH
+
+    def next(self) -> float:
+        """The wait before the next poll: a little longer than the last, up to the maximum."""
+        self.current = min(self.maximum, max(self.minimum, self.current * GROWTH))
         return self.current
 
 
