@@ -2,12 +2,13 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test lint format clean distclean
+.PHONY: help demo test bench lint format clean distclean
 
 help:
 	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/ + a worker"
 	@echo "make test       run pytest for every Django/Python combination on SQLite and PostgreSQL"
 	@echo "                (knobs: TEST_COMBOS=django61 TEST_DBS=sqlite PYTEST_ARGS='-x -k name')"
+	@echo "make bench      benchmark on PostgreSQL (BENCH_ARGS='--quick'); drops/recreates db 'bench'"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff check --fix + ruff format"
 	@echo "make clean      remove caches, build artefacts, test logs and test databases"
@@ -18,6 +19,11 @@ demo:
 
 test:
 	bash scripts/run-tests.sh
+
+bench:
+	test -x .venv-bench/bin/python || python3 -m venv .venv-bench
+	.venv-bench/bin/pip install -q -e ".[postgres]"
+	DEBUG=false .venv-bench/bin/python bench/run.py $(BENCH_ARGS)
 
 lint:
 	bash scripts/lint.sh
