@@ -99,6 +99,8 @@ class Worker:
             self.backend,
             clock=clock,
             reporter=self.reporter,
+            on_written=self._on_written,
+            schedule=self._schedule,
             log_each_task=config.log_each_task,
             on_settle=self._mark_settling,
         )
@@ -106,9 +108,7 @@ class Worker:
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
         self.halt = threading.Event()  # stops background threads after shutdown
-        self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup, AttemptReport]] = (
-            queue.SimpleQueue()
-        )
+        self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup]] = queue.SimpleQueue()
         self._leased: dict[str, ClaimedTask] = {}
         self._settling: set[str] = set()  # outcome being written: lease ends on purpose
         self._leased_lock = threading.Lock()
@@ -301,21 +301,35 @@ class Worker:
             self._pool.submit(self._run_on_slot, task, group)
 
     def _run_on_slot(self, task: ClaimedTask, group: QueueGroup) -> None:
-        report = self.runner.run(task)
-        self._finished.put((task, group, report))
+        try:
+            self.runner.run(task)
+        finally:
+            # The thread is free again; the lease ends when the outcome is written.
+            self._finished.put((task, group))
+            self.wakeup.set()
+
+    def _on_written(self, report: AttemptReport) -> None:
+        """Reporter thread: the task's outcome is written (or refused); its lease is over."""
+        with self._leased_lock:
+            self._leased.pop(report.task_id, None)
+            self._settling.discard(report.task_id)
+            self.processed += 1
         self.wakeup.set()
+
+    def _schedule(self, job: Callable[[], None]) -> None:
+        """Run a follow-up (a ``task_finished`` send) on a worker thread."""
+        try:
+            self._pool.submit(job)
+        except RuntimeError:  # the pool is shutting down: run it here instead
+            job()
 
     def _collect_finished(self) -> None:
         while True:
             try:
-                task, group, _report = self._finished.get_nowait()
+                task, group = self._finished.get_nowait()
             except queue.Empty:
                 return
             group.doer.finished(task)
-            with self._leased_lock:
-                self._leased.pop(task.id, None)
-                self._settling.discard(task.id)
-            self.processed += 1
 
     # -- leases -------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +124,8 @@ class TaskRunner:
         *,
         clock: Clock,
         reporter: Reporter,
+        on_written: Callable[[AttemptReport], None],
+        schedule: Callable[[Callable[[], None]], object],
         log_each_task: bool = False,
         on_settle: Callable[[str], None] | None = None,
     ) -> None:
@@ -131,42 +135,36 @@ class TaskRunner:
         self.log_each_task = log_each_task
         self.on_settle = on_settle
         self.reporter = reporter
+        self.on_written = on_written
+        self.schedule = schedule
 
-    def run(self, claimed: ClaimedTask) -> AttemptReport:
+    def run(self, claimed: ClaimedTask) -> None:
+        """Run one claimed task on this thread and hand its outcome to the reporter.
+
+        Returns as soon as the outcome is queued, so the thread is free for the next task
+        while the outcome waits for its group commit; ``on_written`` reports the end.
+        """
         started = time.monotonic()
         try:
-            status, landed = self._run(claimed)
+            self._run(claimed, started)
         except BaseException:  # last line of defence: the worker thread must survive
             logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
-            status, landed = "ERROR", False
+            self.on_written(AttemptReport(claimed.id, "ERROR", False, 0.0))
         finally:
             _reset_connection_if_broken(self.database)
-        report = AttemptReport(claimed.id, status, landed, time.monotonic() - started)
-        if self.log_each_task:
-            logger.info(
-                "Task %s %s %s in %.1f ms (attempt %d)%s",
-                claimed.id,
-                claimed.task_path,
-                status,
-                report.seconds * 1000,
-                claimed.attempt,
-                "" if landed else " [result discarded: lease lost]",
-            )
-        return report
 
-    def _run(self, claimed: ClaimedTask) -> tuple[str, bool]:
+    def _run(self, claimed: ClaimedTask, began: float) -> None:
         try:
             task = resolve_task(claimed.task_path)
         except TaskNotRegistered as exc:
-            return self._settle_unrunnable(claimed, exc)
+            return self._settle_unrunnable(claimed, exc, None, began)
         try:
             args, kwargs = prepare_call(task, claimed)
         except DecodeError as exc:
-            return self._settle_unrunnable(
-                claimed, InvalidTaskArguments(f"stored arguments are corrupt: {exc}"), task
-            )
+            corrupt = InvalidTaskArguments(f"stored arguments are corrupt: {exc}")
+            return self._settle_unrunnable(claimed, corrupt, task, began)
         except (InvalidTaskArguments, InvalidTaskOptions) as exc:
-            return self._settle_unrunnable(claimed, exc, task)
+            return self._settle_unrunnable(claimed, exc, task, began)
 
         started = self.clock()
         result = result_from_claim(task, claimed, started)
@@ -181,23 +179,23 @@ class TaskRunner:
                 ) from exc
         except TaskDeferred as exc:
             event: Event = Deferred(deferred_until(self.clock(), exc.delay, exc.run_after))
-            return self._settle(claimed, task, result, event, started)
+            return self._settle(claimed, task, result, event, started, began)
         except (Abort, Cancelled, ReturnValueNotSerializable) as exc:
             aborted = Aborted(exc, format_traceback(exc))
-            return self._settle(claimed, task, result, aborted, started)
+            return self._settle(claimed, task, result, aborted, started, began, exc)
         except BaseException as exc:  # task code may raise anything, even SystemExit
             failure: Event = Failed(exc, format_traceback(exc))
             if cancel_requested(self.database, claimed.id):
                 # Cancelled while running: recorded as a cancellation, never retried.
                 cancelled = Cancelled(f"cancelled while running; it then raised {exc!r}")
                 failure = Aborted(cancelled, format_traceback(exc), reason=str(cancelled))
-            return self._settle(claimed, task, result, failure, started)
+            return self._settle(claimed, task, result, failure, started, began, exc)
         else:
-            return self._settle(claimed, task, result, Succeeded(stored), started)
+            return self._settle(claimed, task, result, Succeeded(stored), started, began)
 
     def _settle_unrunnable(
-        self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None = None
-    ) -> tuple[str, bool]:
+        self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None, began: float
+    ) -> None:
         """Dead-letter a row that cannot run; no signals, since the task never started."""
         event = Aborted(exc, format_traceback(exc), reason=str(exc))
         outcome = transition(
@@ -207,9 +205,8 @@ class TaskRunner:
             now=self.clock(),
             block_ordering=_blocks_ordering(task),
         )
-        landed = self._persist(claimed, outcome)
         logger.error("Task %s dead-lettered: %s", claimed.id, exc)
-        return outcome.status, landed
+        self._hand_off(claimed, outcome, began, announce=None)
 
     def _settle(
         self,
@@ -218,11 +215,14 @@ class TaskRunner:
         result: compat.TaskResult,
         event: Event,
         started: datetime,
-    ) -> tuple[str, bool]:
-        """Write the outcome; send ``task_finished`` for final ones that landed.
+        began: float,
+        exception: BaseException | None = None,
+    ) -> None:
+        """Decide the outcome and hand it to the reporter.
 
-        Called from inside the ``except`` block on failure, so receivers of
-        ``task_finished`` see the exception in ``sys.exc_info()``, as Django documents.
+        Once a final outcome is written, ``task_finished`` is sent on a worker thread; for
+        a failure the exception is raised again around the send, so receivers see it in
+        ``sys.exc_info()`` as Django documents, and the row already shows the outcome.
         """
         now = self.clock()
         outcome = transition(
@@ -233,25 +233,73 @@ class TaskRunner:
             block_ordering=_blocks_ordering(task),
             started=started,
         )
-        landed = self._persist(claimed, outcome)
-        if landed and outcome.is_final:
+        announce = None
+        if outcome.is_final:
             _update_result(result, outcome, now)
-            compat.task_finished.send(sender=type(self.backend), task_result=result)
-        elif not landed:
-            logger.warning(
-                "Task %s: lease lost before the outcome (%s) was written; another worker owns "
-                "it now, so this outcome is discarded.",
-                claimed.id,
-                outcome.status,
-            )
-        return outcome.status, landed
+            announce = partial(self._announce, result, exception)
+        self._hand_off(claimed, outcome, began, announce=announce)
 
-    def _persist(self, claimed: ClaimedTask, outcome: Transition) -> bool:
-        """Hand the outcome to the reporter (one writer, group commit) and wait for it."""
+    def _hand_off(
+        self,
+        claimed: ClaimedTask,
+        outcome: Transition,
+        began: float,
+        *,
+        announce: Callable[[], None] | None,
+    ) -> None:
         if self.on_settle is not None:
             # From here on the lease may end by our own write: not a lost lease.
             self.on_settle(claimed.id)
-        return self.reporter.write(claimed, outcome)
+        written = self.reporter.submit(claimed, outcome)
+        seconds = time.monotonic() - began
+        written.add_done_callback(
+            partial(self._after_write, claimed, outcome.status, seconds, announce)
+        )
+
+    def _after_write(
+        self,
+        claimed: ClaimedTask,
+        status: str,
+        seconds: float,
+        announce: Callable[[], None] | None,
+        written: Future[bool],
+    ) -> None:
+        """Runs on the reporter thread: keep it short, and never raise."""
+        landed = not written.cancelled() and written.exception() is None and written.result()
+        if landed and announce is not None:
+            self.schedule(announce)
+        elif not landed:
+            logger.warning(
+                "Task %s: lease lost (another worker owns it now) or the write was refused; "
+                "its outcome (%s) is discarded.",
+                claimed.id,
+                status,
+            )
+        if self.log_each_task:
+            logger.info(
+                "Task %s %s %s in %.1f ms (attempt %d)%s",
+                claimed.id,
+                claimed.task_path,
+                status,
+                seconds * 1000,
+                claimed.attempt,
+                "" if landed else " [result discarded: lease lost]",
+            )
+        self.on_written(AttemptReport(claimed.id, status, bool(landed), seconds))
+
+    def _announce(self, result: compat.TaskResult, exception: BaseException | None) -> None:
+        """Send ``task_finished``; re-raise a failure around it so receivers see it."""
+        sender = type(self.backend)
+        try:
+            if exception is None:
+                compat.task_finished.send(sender=sender, task_result=result)
+                return
+            try:
+                raise exception
+            except BaseException:
+                compat.task_finished.send(sender=sender, task_result=result)
+        except Exception:
+            logger.exception("A task_finished receiver failed for task %s", result.id)
 
 
 def _blocks_ordering(task: compat.Task | None) -> bool:

@@ -31,11 +31,15 @@ class Reporter(threading.Thread):
         self.persist_deadline = persist_deadline
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def write(self, claimed: ClaimedTask, outcome: Transition) -> bool:
-        """Queue one outcome and wait until it is written; return whether it landed."""
+    def submit(self, claimed: ClaimedTask, outcome: Transition) -> Future[bool]:
+        """Queue one outcome; the future says whether it landed once it is written."""
         done: Future[bool] = Future()
         self._inbox.put((claimed, outcome, done))
-        return done.result()
+        return done
+
+    def write(self, claimed: ClaimedTask, outcome: Transition) -> bool:
+        """Queue one outcome and wait until it is written; return whether it landed."""
+        return self.submit(claimed, outcome).result()
 
     def stop(self) -> None:
         self._inbox.put(_STOP)
