@@ -122,13 +122,13 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
             ) from exc
         results = [self._new_result(task, envelope, now) for envelope in envelopes]
-        for result in results:
-            # Listeners hear of a task only once it exists for everyone else too.
-            transaction.on_commit(
-                partial(compat.task_enqueued.send, type(self), task_result=result),
-                using=database,
-            )
+        # Listeners hear of the tasks only once they exist for everyone else too.
+        transaction.on_commit(partial(self._announce_enqueued, results), using=database)
         return results
+
+    def _announce_enqueued(self, results: Sequence[compat.TaskResult]) -> None:
+        for result in results:
+            compat.task_enqueued.send(type(self), task_result=result)
 
     async def aenqueue_many(
         self, task: compat.Task, calls: Iterable[Any]
@@ -312,7 +312,8 @@ def _split_call(call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]
     if isinstance(call, tuple | list) and len(call) in (1, 2):
         args = call[0]
         kwargs = call[1] if len(call) == 2 else {}
-        if isinstance(args, tuple | list) and isinstance(kwargs, Mapping):
+        # type() first: the ABC check on Mapping is slow, and dicts are the usual case.
+        if isinstance(args, tuple | list) and (type(kwargs) is dict or isinstance(kwargs, Mapping)):
             return args, kwargs
     raise InvalidTaskArguments(
         f"enqueue_many() call #{index} must be an (args, kwargs) pair such as "

@@ -539,9 +539,13 @@ _PLAIN: dict[str, Callable[[Any], JsonValue]] = {
 # --------------------------------------------------------------------------- text
 
 
+# One encoder, made once: json.dumps() with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(value: JsonValue) -> str:
     """Compact JSON text of an already-converted value."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def loads(text: str | bytes | None) -> Any:

@@ -174,9 +174,27 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(func)
 
 
+@lru_cache(maxsize=1024)
+def _positional_arity(func: Callable[..., Any]) -> tuple[int, int] | None:
+    """(required, total) for functions of plain positional-or-keyword parameters only.
+
+    Lets the common call (positional arguments, no keywords) be checked by counting,
+    without ``Signature.bind``: bulk enqueues check thousands of calls.
+    """
+    parameters = _signature(func).parameters.values()
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters):
+        return None
+    required = sum(1 for p in parameters if p.default is inspect.Parameter.empty)
+    return required, len(parameters)
+
+
 def check_arguments(task: compat.Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Fail at enqueue, not in the worker, when the call cannot bind to the function."""
     leading = (None,) if task.takes_context else ()
+    if not kwargs:
+        arity = _positional_arity(task.func)
+        if arity is not None and arity[0] <= len(leading) + len(args) <= arity[1]:
+            return
     try:
         _signature(task.func).bind(*leading, *args, **kwargs)
     except TypeError as exc:

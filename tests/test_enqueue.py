@@ -156,6 +156,8 @@ def test_non_serializable_argument_is_refused():
 def test_wrong_arity_is_refused_at_enqueue():
     with pytest.raises(InvalidTaskArguments, match=r"tests.tasks.add\(\) cannot be called"):
         tasks.add.enqueue(1)
+    with pytest.raises(InvalidTaskArguments, match="too many positional arguments"):
+        tasks.add.enqueue(1, 2, 3)
     with pytest.raises(InvalidTaskArguments, match="unexpected keyword argument 'c'"):
         tasks.add.enqueue(1, 2, c=3)
     assert _no_rows()
