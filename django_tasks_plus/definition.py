@@ -114,7 +114,10 @@ def _check_key(task: Task, name: str, value: Any) -> None:
 
 def _short(value: Any) -> str:
     text = repr(value)
-    return text if len(text) <= 60 else f"{text[:40]}… ({len(value)} characters)"
+    if len(text) <= 60:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+    return f"{text[:40]}… ({size})"
 
 
 def validate_task_options(task: Task) -> None:
