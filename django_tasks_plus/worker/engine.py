@@ -201,13 +201,21 @@ class Worker:
         backoff = PollBackoff(self.config.poll_interval, minimum)
         while not self.stopping.is_set():
             self.wakeup.clear()
+            if not self.reporter.is_alive():
+                # Nothing could record outcomes any more: stop, and let the leases expire.
+                logger.critical("The outcome writer thread died; stopping this worker.")
+                return
             self._collect_finished()
+            # Read before claiming: outcomes are written (a retry makes its task READY
+            # again) before their lease leaves this set, so an empty set here means the
+            # claim below saw every such task.
+            idle_before_claim = not self._leased
             claimed = self._claim()
             self._dispatch()
             if self._max_tasks_done():
                 logger.info("Reached --max-tasks=%s; stopping.", self.config.max_tasks)
                 return
-            if self.config.burst and claimed == 0 and not self._leased:
+            if self.config.burst and claimed == 0 and idle_before_claim:
                 logger.info("Burst mode: nothing left to do; stopping.")
                 return
             if claimed:
@@ -389,7 +397,8 @@ class Worker:
             remove_worker(self.database, self.config.worker_id)
         except Exception as exc:
             logger.warning("Could not remove the worker row (%s).", exc)
-        self._pool.shutdown(wait=not abandoned, cancel_futures=True)
+        # Queued jobs are task_finished sends for outcomes already written: let them run.
+        self._pool.shutdown(wait=not abandoned, cancel_futures=bool(abandoned))
         connections[self.database].close()
         return abandoned
 

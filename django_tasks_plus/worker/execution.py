@@ -19,7 +19,7 @@ from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import compat
 from ..codec import DecodeError, EncodeError, decode_call, to_json
@@ -147,11 +147,36 @@ class TaskRunner:
         started = time.monotonic()
         try:
             self._run(claimed, started)
-        except BaseException:  # last line of defence: the worker thread must survive
+        except BaseException as exc:  # last line of defence: the worker thread must survive
             logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
-            self.on_written(AttemptReport(claimed.id, "ERROR", False, 0.0))
+            self._fail_unexpectedly(claimed, exc, started)
         finally:
             _reset_connection_if_broken(self.database)
+
+    def _fail_unexpectedly(self, claimed: ClaimedTask, exc: BaseException, began: float) -> None:
+        """Record the attempt as failed (the policy decides) rather than wait for the reaper."""
+        try:
+            outcome = transition(
+                claimed,
+                Failed(exc, format_traceback(exc)),
+                policy=self.backend.settings.retry,
+                now=self.clock(),
+            )
+            self._hand_off(claimed, outcome, began, announce=None)
+        except BaseException:
+            logger.exception(
+                "Task %s: could not record the failure; its lease will expire.", claimed.id
+            )
+            self.on_written(AttemptReport(claimed.id, "ERROR", False, 0.0))
+
+    def _cancel_requested(self, claimed: ClaimedTask) -> bool:
+        """Whether a cancel was asked for; False when the database cannot say right now."""
+        try:
+            return cancel_requested(self.database, claimed.id)
+        except DatabaseError as exc:
+            logger.warning("Task %s: could not check for a cancel request (%s).", claimed.id, exc)
+            _reset_connection_if_broken(self.database)
+            return False
 
     def _run(self, claimed: ClaimedTask, began: float) -> None:
         try:
@@ -185,7 +210,7 @@ class TaskRunner:
             return self._settle(claimed, task, result, aborted, started, began, exc)
         except BaseException as exc:  # task code may raise anything, even SystemExit
             failure: Event = Failed(exc, format_traceback(exc))
-            if cancel_requested(self.database, claimed.id):
+            if self._cancel_requested(claimed):
                 # Cancelled while running: recorded as a cancellation, never retried.
                 cancelled = Cancelled(f"cancelled while running; it then raised {exc!r}")
                 failure = Aborted(cancelled, format_traceback(exc), reason=str(cancelled))
