@@ -31,7 +31,7 @@ from ..db import dialect_for
 from ..db.store import apply_transition, register_worker, remove_worker
 from ..lifecycle import ClaimedTask, Released, transition
 from .doers import Doer, make_doer
-from .execution import AttemptReport, TaskRunner
+from .execution import TaskRunner
 from .heartbeat import Heartbeat
 from .reaper import reap_expired
 from .reporter import Reporter
@@ -116,7 +116,6 @@ class Worker:
         self._claim_batch_floor = max(1, (config.concurrency + config.prefetch) // 2)
         self._group_cursor = 0
         self._claim_cursor = 0
-        self.processed = 0
         self.signals_received = 0
         self.listening = False
         self._pool = ThreadPoolExecutor(
@@ -316,12 +315,11 @@ class Worker:
             self._finished.put((task, group))
             self.wakeup.set()
 
-    def _on_written(self, report: AttemptReport) -> None:
+    def _on_written(self, task_id: str) -> None:
         """Reporter thread: the task's outcome is written (or refused); its lease is over."""
         with self._leased_lock:
-            self._leased.pop(report.task_id, None)
-            self._settling.discard(report.task_id)
-            self.processed += 1
+            self._leased.pop(task_id, None)
+            self._settling.discard(task_id)
         self.wakeup.set()
 
     def _schedule(self, job: Callable[[], None]) -> None:

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from inspect import iscoroutinefunction
@@ -59,16 +58,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_tasks_plus.worker")
 
 Clock = Callable[[], datetime]
-
-
-@dataclass(frozen=True)
-class AttemptReport:
-    """What became of one claimed task, for the worker's bookkeeping and logs."""
-
-    task_id: str
-    status: str
-    landed: bool
-    seconds: float
 
 
 def _call(
@@ -124,7 +113,7 @@ class TaskRunner:
         *,
         clock: Clock,
         reporter: Reporter,
-        on_written: Callable[[AttemptReport], None],
+        on_written: Callable[[str], None],
         schedule: Callable[[Callable[[], None]], object],
         log_each_task: bool = False,
         on_settle: Callable[[str], None] | None = None,
@@ -142,7 +131,7 @@ class TaskRunner:
         """Run one claimed task on this thread and hand its outcome to the reporter.
 
         Returns as soon as the outcome is queued, so the thread is free for the next task
-        while the outcome waits for its group commit; ``on_written`` reports the end.
+        while the outcome waits for its group commit; ``on_written(task_id)`` reports the end.
         """
         started = time.monotonic()
         try:
@@ -167,7 +156,7 @@ class TaskRunner:
             logger.exception(
                 "Task %s: could not record the failure; its lease will expire.", claimed.id
             )
-            self.on_written(AttemptReport(claimed.id, "ERROR", False, 0.0))
+            self.on_written(claimed.id)
 
     def _cancel_requested(self, claimed: ClaimedTask) -> bool:
         """Whether a cancel was asked for; False when the database cannot say right now."""
@@ -310,7 +299,7 @@ class TaskRunner:
                 claimed.attempt,
                 "" if landed else " [result discarded: lease lost]",
             )
-        self.on_written(AttemptReport(claimed.id, status, bool(landed), seconds))
+        self.on_written(claimed.id)
 
     def _announce(self, result: compat.TaskResult, exception: BaseException | None) -> None:
         """Send ``task_finished``; re-raise a failure around it so receivers see it."""

@@ -37,10 +37,6 @@ class Reporter(threading.Thread):
         self._inbox.put((claimed, outcome, done))
         return done
 
-    def write(self, claimed: ClaimedTask, outcome: Transition) -> bool:
-        """Queue one outcome and wait until it is written; return whether it landed."""
-        return self.submit(claimed, outcome).result()
-
     def stop(self) -> None:
         self._inbox.put(_STOP)
 
