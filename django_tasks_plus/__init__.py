@@ -9,6 +9,7 @@ from .definition import Task, task
 from .exceptions import (
     Abort,
     Cancelled,
+    CorruptTaskRecord,
     DatabaseUnavailable,
     InvalidBackendOptions,
     InvalidRetryPolicy,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Abort",
     "Cancelled",
+    "CorruptTaskRecord",
     "DatabaseUnavailable",
     "ExponentialBackoff",
     "InvalidBackendOptions",

@@ -48,22 +48,31 @@ _SUPPORTED = (
 )
 
 
-class EncodeError(TypeError):
-    """A value that cannot be stored; ``path`` says where it sits (``args[0]['when']``)."""
+FieldPath = tuple[str | int, ...]
 
-    def __init__(self, path: str, problem: str) -> None:
+
+class EncodeError(TypeError):
+    """A value that cannot be stored.
+
+    ``path`` says where it sits as text (``args[0]['when']``), ``field_path`` as data
+    (``('args', 0, 'when')``).
+    """
+
+    def __init__(self, path: str, problem: str, field_path: FieldPath = ()) -> None:
         super().__init__(f"{path} {problem}")
         self.path = path
         self.problem = problem
+        self.field_path = field_path or (path,)
 
 
 class DecodeError(ValueError):
     """Stored data that is not a valid encoding; ``path`` says where it sits."""
 
-    def __init__(self, path: str, problem: str) -> None:
+    def __init__(self, path: str, problem: str, field_path: FieldPath = ()) -> None:
         super().__init__(f"{path} {problem}")
         self.path = path
         self.problem = problem
+        self.field_path = field_path or (path,)
 
 
 class _Refused(Exception):
@@ -75,11 +84,20 @@ class _Refused(Exception):
     def __init__(self, problem: str, step: str | None = None) -> None:
         self.problem = problem
         self.steps: list[str] = [] if step is None else [step]
+        self.keys: list[str | int] = []  # the same path as data, for ``field_path``
         # Set when a dict key (not its value) is the problem: that dict adds no "[key]".
         self.at_key = False
 
+    def within(self, key: str | int) -> None:
+        """Record that the problem sits under ``key`` of the enclosing container."""
+        self.steps.append(f"[{key!r}]")
+        self.keys.append(key)
+
     def path(self, root: str) -> str:
         return root + "".join(reversed(self.steps))
+
+    def field_path(self, root: str) -> tuple[str | int, ...]:
+        return (root, *reversed(self.keys))
 
 
 def _tagged(name: str, payload: JsonValue) -> dict[str, JsonValue]:
@@ -122,7 +140,7 @@ def _encode_items(items: Iterable[Any]) -> list[JsonValue]:
             else:
                 append(_encode(item))
     except _Refused as exc:
-        exc.steps.append(f"[{len(out)}]")  # every earlier item was appended
+        exc.within(len(out))  # every earlier item was appended
         raise
     return out
 
@@ -148,7 +166,7 @@ def _encode_values(mapping: Mapping[Any, Any]) -> dict[str, JsonValue]:
         if exc.at_key:
             exc.at_key = False
         else:
-            exc.steps.append(f"[{key!r}]")
+            exc.within(key)
         raise
     return out
 
@@ -239,7 +257,7 @@ def _encoder_for_subclass(cls: type) -> Callable[[Any], JsonValue]:
 
 
 def _refusal_to_error(exc: _Refused, root: str) -> EncodeError:
-    return EncodeError(exc.path(root), exc.problem)
+    return EncodeError(exc.path(root), exc.problem, exc.field_path(root))
 
 
 _TOO_DEEP = "is nested too deeply (or contains itself)."
@@ -300,7 +318,7 @@ def _decode_items(items: list[Any]) -> list[Any]:
             cls = type(item)
             append(_decode(item) if cls is list or cls is dict else item)
     except _Refused as exc:
-        exc.steps.append(f"[{len(out)}]")
+        exc.within(len(out))
         raise
     return out
 
@@ -312,7 +330,7 @@ def _decode_values(mapping: dict[str, Any]) -> dict[str, Any]:
             cls = type(item)
             out[key] = _decode(item) if cls is list or cls is dict else item
     except _Refused as exc:
-        exc.steps.append(f"[{key!r}]")
+        exc.within(key)
         raise
     return out
 
@@ -429,7 +447,7 @@ def _decode_escaped_dict(payload: Any) -> dict[str, Any]:
         for key, item in pairs:
             out[key] = _decode(item)
     except _Refused as exc:
-        exc.steps.append(f"[{key!r}]")
+        exc.within(key)
         raise
     return out
 
@@ -453,7 +471,7 @@ def _decode_root(value: Any, path: str) -> Any:
     try:
         return _decode(value)
     except _Refused as exc:
-        raise DecodeError(exc.path(path), exc.problem) from None
+        raise DecodeError(exc.path(path), exc.problem, exc.field_path(path)) from None
     except RecursionError:
         raise DecodeError(path, _TOO_DEEP) from None
 
@@ -477,7 +495,7 @@ def decode_call(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     try:
         decoded_kwargs = _decode_values(kwargs)
     except _Refused as exc:
-        raise DecodeError(exc.path("kwargs"), exc.problem) from None
+        raise DecodeError(exc.path("kwargs"), exc.problem, exc.field_path("kwargs")) from None
     except RecursionError:
         raise DecodeError("kwargs", _TOO_DEEP) from None
     return decoded_args, decoded_kwargs

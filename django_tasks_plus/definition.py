@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import compat
@@ -29,6 +30,9 @@ from .schema import PayloadSchema, check_schema_signature, compile_schema
 ORDERING_FAILURES = ("continue", "block")
 DEDUP_SCOPES = ("ttl", "finished")
 KEY_MAX_LENGTH = 255
+# A run_after further ahead than this is almost always a unit mistake (milliseconds as
+# seconds, a year typo); refusing it beats a task that silently never runs.
+RUN_AFTER_HORIZON = timedelta(days=3650)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +116,17 @@ def _check_key(task: Task, name: str, value: Any) -> None:
         raise InvalidTaskOptions(f"{task.module_path}: {name} must not contain NUL characters.")
 
 
+def _check_run_after(task: Task) -> None:
+    run_after = task.run_after
+    if not isinstance(run_after, datetime) or run_after.tzinfo is None:
+        return  # Django's own validation refuses naive datetimes first
+    if run_after - timezone.now() > RUN_AFTER_HORIZON:
+        raise InvalidTaskOptions(
+            f"{task.module_path}: run_after {run_after.isoformat()} is more than "
+            f"{RUN_AFTER_HORIZON.days} days ahead; a date that far is taken for a mistake."
+        )
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     if len(text) <= 60:
@@ -145,6 +160,7 @@ def validate_task_options(task: Task) -> None:
             f"{task.module_path}: dedup_until must be 'ttl' or 'finished', "
             f"got {task.dedup_until!r}."
         )
+    _check_run_after(task)
     _check_key(task, "ordering_key", task.ordering_key)
     _check_key(task, "dedup_key", task.dedup_key)
     ttl = task.dedup_ttl

@@ -92,9 +92,9 @@ def build_envelope(
     try:
         encoded_args, encoded_kwargs = encode_call(stored_args, stored_kwargs)
     except EncodeError as exc:
-        error = InvalidTaskArguments(f"Cannot enqueue {task.module_path}: {exc}")
-        error.field_path = exc.path  # type: ignore[attr-defined]
-        raise error from exc
+        raise InvalidTaskArguments(
+            f"Cannot enqueue {task.module_path}: {exc}", field_path=exc.field_path
+        ) from exc
     args_text, kwargs_text = dumps(encoded_args), dumps(encoded_kwargs)
     limit = settings.max_payload_bytes
     if limit is not None:

@@ -30,7 +30,16 @@ class InvalidTaskOptions(TasksPlusError, InvalidTask):
 
 
 class InvalidTaskArguments(TasksPlusError, InvalidTask):
-    """The arguments cannot be stored (not JSON-serializable) or do not fit the task."""
+    """The arguments cannot be stored (not JSON-serializable) or do not fit the task.
+
+    ``field_path`` locates the bad value as data: ``('args', 1, 'when')`` for a value the
+    codec refused, ``('user', 'age')`` (relative to the payload) for a schema error, and
+    ``()`` when the call as a whole is wrong (arity).
+    """
+
+    def __init__(self, message: str, *, field_path: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.field_path = field_path
 
 
 class PayloadTooLarge(TasksPlusError, InvalidTask):
@@ -67,6 +76,19 @@ class TaskNotRegistered(TasksPlusError):
     Only ``Task`` objects are ever executed: a path naming a plain function, a module or
     anything else is refused, so a forged row cannot run arbitrary code.
     """
+
+
+class CorruptTaskRecord(TasksPlusError):
+    """A stored task row holds data that cannot be decoded; the row is left as it was.
+
+    Rows are only ever written by this library, so this means an edit by hand, a bad
+    restore or a bug: ``task_id`` and ``column`` say where to look.
+    """
+
+    def __init__(self, message: str, *, task_id: str, column: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.column = column
 
 
 class UnsupportedDatabase(TasksPlusError):
@@ -134,6 +156,7 @@ class Abort(TasksPlusError):
 __all__ = [
     "Abort",
     "Cancelled",
+    "CorruptTaskRecord",
     "DatabaseUnavailable",
     "InvalidBackendOptions",
     "InvalidRetryPolicy",

@@ -9,21 +9,25 @@ from typing import TYPE_CHECKING, Any
 
 from . import compat
 from .codec import DecodeError, display_call, from_json
+from .exceptions import CorruptTaskRecord
 from .lifecycle import ClaimedTask
+from .stored import error_list
 
 if TYPE_CHECKING:
     from .models import TaskRecord
 
 
-def task_errors(errors: Iterable[Mapping[str, Any]]) -> list[compat.TaskError]:
-    """Django's ``TaskError`` per recorded failure (extra keys stay in the row)."""
+def task_errors(errors: Any) -> list[compat.TaskError]:
+    """Django's ``TaskError`` per recorded failure (extra keys stay in the row).
+
+    A corrupt ``errors`` column shows as one ``CorruptTaskRecord`` entry holding it.
+    """
     return [
         compat.TaskError(
             exception_class_path=str(error.get("exception_class_path", "")),
             traceback=str(error.get("traceback", "")),
         )
-        for error in errors
-        if isinstance(error, Mapping)
+        for error in error_list(errors)
     ]
 
 
@@ -87,12 +91,20 @@ def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     return display_call(args, kwargs)
 
 
-def stored_return_value(value: Any) -> Any:
-    """The task's return value with its tagged types restored (raw if it is corrupt)."""
+def stored_return_value(value: Any, task_id: str) -> Any:
+    """The task's return value with its tagged types restored.
+
+    Raises ``CorruptTaskRecord`` rather than hand back half-decoded data as if it were
+    what the task returned; the row itself is left untouched.
+    """
     try:
         return from_json(value, "return value")
-    except DecodeError:
-        return value
+    except DecodeError as exc:
+        raise CorruptTaskRecord(
+            f"Task {task_id}: the stored {exc} The row is left as it is; fix or discard it.",
+            task_id=task_id,
+            column="return_value",
+        ) from exc
 
 
 def result_from_record(task: compat.Task, record: TaskRecord) -> compat.TaskResult:
@@ -110,9 +122,9 @@ def result_from_record(task: compat.Task, record: TaskRecord) -> compat.TaskResu
         started_at=record.started_at,
         finished_at=record.finished_at,
         last_attempted_at=record.last_attempted_at,
-        errors=record.errors or (),
+        errors=record.errors,
         worker_ids=record.worker_ids or (),
-        return_value=stored_return_value(record.return_value),
+        return_value=stored_return_value(record.return_value, str(record.id)),
     )
 
 

@@ -114,10 +114,10 @@ def validate_policy(policy: object, where: str) -> RetryPolicy:
     Catches the easy mistake of naming the factory (``exponential_backoff``) instead of
     a policy (``exponential_backoff()``) before it dead-letters tasks at run time.
     """
-    expected = "a callable policy(attempt, elapsed, exc) -> timedelta | None"
+    expected = "a callable policy (attempt, elapsed, exc) -> timedelta | None"
     if not callable(policy):
         raise InvalidRetryPolicy(
-            f"{where} must be {expected} such as exponential_backoff(), got {policy!r}."
+            f"{where} must be {expected}, such as exponential_backoff(), got {policy!r}."
         )
     try:
         inspect.signature(policy).bind(1, timedelta(0), Exception())

@@ -85,9 +85,7 @@ def render_path(path: FieldPath) -> str:
 
 def _error(where: str, field_path: FieldPath, text: str) -> InvalidTaskArguments:
     """Our public error, with the path also available to code (``exc.field_path``)."""
-    exc = InvalidTaskArguments(f"{where}(): {text}")
-    exc.field_path = field_path  # type: ignore[attr-defined]
-    return exc
+    return InvalidTaskArguments(f"{where}(): {text}", field_path=field_path)
 
 
 def _got(value: object) -> str:
@@ -690,9 +688,9 @@ def bind_payload(
     try:
         bound = shape.signature.bind(*leading, *args, **kwargs)
     except TypeError as exc:
-        error = InvalidTaskArguments(f"{shape.path}() cannot be called with these arguments: {exc}")
-        error.field_path = ()  # type: ignore[attr-defined]
-        raise error from exc
+        raise InvalidTaskArguments(
+            f"{shape.path}() cannot be called with these arguments: {exc}"
+        ) from exc
     bound.apply_defaults()
     payload: dict[str, Any] = {}
     for name, value in bound.arguments.items():

@@ -223,3 +223,30 @@ def fails_once_cancelled(context) -> None:  # type: ignore[no-untyped-def]
     while time.monotonic() < deadline and not context.cancel_requested():
         time.sleep(0.05)
     raise RuntimeError("noticed the cancel request, then crashed")
+
+
+# -- bad input catalogue ------------------------------------------------------------------
+
+
+class NotAnException(BaseException):
+    """Derives from BaseException only, like GeneratorExit: still just a failed attempt."""
+
+
+@task(retry=NO_WAIT)
+def raises_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt("from task code")
+
+
+@task(retry=NO_WAIT)
+def raises_base_exception() -> None:
+    raise NotAnException("from task code")
+
+
+def negative_delay(attempt: int, elapsed: dt.timedelta, exc: BaseException) -> dt.timedelta:
+    """A broken retry policy: a delay can never be negative."""
+    return dt.timedelta(seconds=-5)
+
+
+@task(retry=negative_delay)
+def fails_with_broken_policy() -> None:
+    raise RuntimeError("first failure")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.utils import timezone
 
@@ -91,79 +89,6 @@ def test_async_task_runs(run_worker):
     assert result.return_value == 42
 
 
-def test_timeout_interrupts_a_running_task(run_worker):
-    result = tasks.spins_forever.enqueue()
-    assert run_worker("--burst").returncode == 0
-    result.refresh()
-    assert result.status == TaskResultStatus.FAILED
-    assert result.errors[0].exception_class_path == "django_tasks_plus.exceptions.TaskTimeout"
-
-
-def test_unstorable_return_value_is_dead_lettered(run_worker):
-    result = tasks.returns_unstorable.enqueue()
-    assert run_worker("--burst").returncode == 0
-    result.refresh()
-    assert result.status == TaskResultStatus.FAILED
-    assert len(result.errors) == 1  # not retried: it would fail the same way
-    reason = TaskRecord.objects.get(pk=result.id).dead_letter_reason
-    assert "return value is a builtins.object" in reason
-
-
-def test_system_exit_in_a_task_does_not_stop_the_worker(run_worker):
-    bad = tasks.raises_system_exit.enqueue()
-    good = tasks.add.enqueue(1, 1)
-    proc = run_worker("--burst", "--concurrency", "1")
-    assert proc.returncode == 0, proc.stderr
-    bad.refresh()
-    good.refresh()
-    assert bad.status == TaskResultStatus.FAILED
-    assert bad.errors[0].exception_class_path == "builtins.SystemExit"
-    assert good.status == TaskResultStatus.SUCCESSFUL
-
-
-def _forge_row(path: str) -> TaskRecord:
-    now = timezone.now()
-    return TaskRecord.objects.create(
-        task_path=path, queue_name="default", run_after=now, enqueued_at=now
-    )
-
-
-def test_unknown_task_path_is_dead_lettered_and_worker_goes_on(run_worker):
-    forged = _forge_row("tests.tasks.no_such_task")
-    good = tasks.add.enqueue(4, 4)
-    proc = run_worker("--burst", "--concurrency", "1")
-    assert proc.returncode == 0, proc.stderr
-
-    forged.refresh_from_db()
-    assert forged.status == TaskResultStatus.FAILED
-    assert "'tests.tasks.no_such_task' cannot be imported" in forged.dead_letter_reason
-    assert forged.errors[0]["exception_class_path"].endswith("TaskNotRegistered")
-    good.refresh()
-    assert good.return_value == 8
-
-
-@pytest.mark.parametrize("path", ["os.system", "tests.tasks.not_a_task"])
-def test_rows_naming_non_tasks_are_never_executed(run_worker, markers, path):
-    forged = _forge_row(path)
-    forged.args = ["touch /tmp/dtp-should-not-exist"] if path == "os.system" else []
-    forged.save()
-    assert run_worker("--burst").returncode == 0
-
-    forged.refresh_from_db()
-    assert forged.status == TaskResultStatus.FAILED
-    assert "not a task; only functions decorated with @task are run" in forged.dead_letter_reason
-    assert not (markers / "not-a-task-ran").exists()
-
-
-def test_corrupt_arguments_are_dead_lettered(run_worker):
-    forged = _forge_row("tests.tasks.add")
-    TaskRecord.objects.filter(pk=forged.pk).update(args={"not": "a list"})
-    assert run_worker("--burst").returncode == 0
-    forged.refresh_from_db()
-    assert forged.status == TaskResultStatus.FAILED
-    assert "stored arguments are corrupt" in forged.dead_letter_reason
-
-
 def test_signals_are_sent_in_the_worker(run_worker, markers):
     ok = tasks.add.enqueue(1, 2)
     failed = tasks.aborts.enqueue()
@@ -216,26 +141,3 @@ def test_max_tasks_stops_the_worker(run_worker):
         statuses.append(result.status)
     assert statuses.count(TaskResultStatus.SUCCESSFUL) == 2
     assert statuses.count(TaskResultStatus.READY) == 3
-
-
-def test_unknown_queue_and_bad_options_are_refused(run_worker):
-    proc = run_worker("--queue", "nope")
-    assert proc.returncode != 0
-    assert "Unknown queue(s) 'nope' for backend 'default'" in proc.stderr
-    proc = run_worker("--concurrency", "0")
-    assert proc.returncode != 0
-    assert "--concurrency" in proc.stderr
-    proc = run_worker("--backend", "missing")
-    assert proc.returncode != 0
-    assert "missing" in proc.stderr
-
-
-def test_get_result_of_unknown_id():
-    from django_tasks_plus.compat import TaskResultDoesNotExist, task_backends
-
-    default_task_backend = task_backends["default"]
-
-    with pytest.raises(TaskResultDoesNotExist):
-        default_task_backend.get_result(str(uuid.uuid4()))
-    with pytest.raises(TaskResultDoesNotExist):
-        default_task_backend.get_result("not-a-uuid")

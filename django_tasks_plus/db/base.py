@@ -13,11 +13,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.utils.dateparse import parse_datetime
 
-from ..codec import loads
 from ..compat import TaskResultStatus
 from ..envelope import JsonText
 from ..lifecycle import ClaimedTask
 from ..models import TaskRecord
+from ..stored import error_list, parse_column, worker_id_list
 
 NOTIFY_CHANNEL = "django_tasks_plus"
 # Rows per INSERT statement: well under PostgreSQL's 65,535 and SQLite's 32,766 parameters.
@@ -150,15 +150,12 @@ def _as_datetime(value: Any) -> datetime | None:
     return parsed
 
 
-def _as_json(value: Any) -> Any:
-    return loads(value) if isinstance(value, str | bytes) else value
-
-
 def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> ClaimedTask:
     """Build a ``ClaimedTask`` from a RETURNING row in ``CLAIM_COLUMNS`` order.
 
     JSON columns arrive as text (Django loads jsonb as text, SQLite stores text) and
-    datetimes as text on SQLite; both are decoded here, once.
+    datetimes as text on SQLite; both are decoded here, once. A corrupt JSON column never
+    raises here (see ``stored``): one bad row must not fail the claim of the others.
     """
     data = dict(zip(CLAIM_COLUMNS, row, strict=True))
     raw_id = data["id"]
@@ -167,11 +164,11 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         task_path=data["task_path"],
         queue_name=data["queue_name"],
         priority=int(data["priority"]),
-        args=_as_json(data["args"]),
-        kwargs=_as_json(data["kwargs"]),
+        args=parse_column(data["args"]),
+        kwargs=parse_column(data["kwargs"]),
         attempt=int(data["attempt"]),
-        worker_ids=tuple(_as_json(data["worker_ids"]) or ()),
-        errors=tuple(_as_json(data["errors"]) or ()),
+        worker_ids=worker_id_list(data["worker_ids"]),
+        errors=error_list(data["errors"]),
         enqueued_at=_as_datetime(data["enqueued_at"]),  # type: ignore[arg-type]
         run_after=_as_datetime(data["run_after"]),  # type: ignore[arg-type]
         started_at=_as_datetime(data["started_at"]),

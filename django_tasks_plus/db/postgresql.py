@@ -117,7 +117,10 @@ class PostgreSQLDialect(Dialect):
                 {c("lease_token")} = %s,
                 {c("lease_expires_at")} = %s,
                 {c("attempt")} = {t}.{c("attempt")} + 1,
-                {c("worker_ids")} = {t}.{c("worker_ids")} || jsonb_build_array(%s::text),
+                {c("worker_ids")} = (
+                    CASE WHEN jsonb_typeof({t}.{c("worker_ids")}) = 'array'
+                    THEN {t}.{c("worker_ids")} ELSE '[]'::jsonb END
+                ) || jsonb_build_array(%s::text),
                 {c("started_at")} = COALESCE({t}.{c("started_at")}, %s),
                 {c("last_attempted_at")} = %s
             FROM picked WHERE {t}.{c("id")} = picked.{c("id")}

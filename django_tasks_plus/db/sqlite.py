@@ -96,7 +96,7 @@ class SQLiteDialect(Dialect):
                 {c("lease_token")} = %s,
                 {c("lease_expires_at")} = %s,
                 {c("attempt")} = {c("attempt")} + 1,
-                {c("worker_ids")} = json_insert({c("worker_ids")}, '$[#]', %s),
+                {c("worker_ids")} = json_insert({_array_or_empty(c("worker_ids"))}, '$[#]', %s),
                 {c("started_at")} = COALESCE({c("started_at")}, %s),
                 {c("last_attempted_at")} = %s
             WHERE {c("id")} IN (
@@ -127,3 +127,12 @@ class SQLiteDialect(Dialect):
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         return sort_claimed([claimed_from_row(row, now) for row in rows])
+
+
+def _array_or_empty(column_sql: str) -> str:
+    """The column if it holds a JSON array, else ``'[]'``: one corrupt row must not make
+    every claim fail (``json_insert`` raises on malformed JSON)."""
+    return (
+        f"CASE WHEN json_valid({column_sql}) AND json_type({column_sql}) = 'array' "
+        f"THEN {column_sql} ELSE '[]' END"
+    )

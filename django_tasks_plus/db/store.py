@@ -18,6 +18,7 @@ from django.db import connections
 from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask, Transition
 from ..models import TaskRecord, WorkerRecord
+from ..stored import error_list
 from .base import CLAIM_COLUMNS, RUNNING, claimed_from_row, column, prep, table
 
 
@@ -158,7 +159,7 @@ def cancel_ready(database: str, task_id: str, error: dict, now: datetime) -> boo
             .update(
                 status=TaskResultStatus.FAILED,
                 finished_at=now,
-                errors=[*(row["errors"] or []), error],
+                errors=[*error_list(row["errors"]), error],
                 dead_letter_reason="cancelled",
                 cancel_requested=True,
             )

@@ -49,6 +49,7 @@ from ..lifecycle import (
 )
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
+from ..stored import CorruptJson
 from .timeouts import AttemptTimer
 
 if TYPE_CHECKING:
@@ -92,6 +93,9 @@ def prepare_call(task: compat.Task, claimed: ClaimedTask) -> tuple[list[Any], di
     cannot be called as stored (corrupt, or enqueued by a deploy whose payload no longer
     validates) is dead-lettered with the reason instead of being run.
     """
+    for name, value in (("args", claimed.args), ("kwargs", claimed.kwargs)):
+        if isinstance(value, CorruptJson):
+            raise DecodeError(name, f"is not valid JSON ({value.problem}).")
     args, kwargs = decode_call(claimed.args, claimed.kwargs)
     schema = compiled_schema(task)
     if schema is None:
@@ -325,7 +329,7 @@ def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime
     object.__setattr__(result, "status", compat.TaskResultStatus(outcome.status))
     object.__setattr__(result, "finished_at", outcome.values.get("finished_at", now))
     if "return_value" in outcome.values:
-        value = stored_return_value(outcome.values["return_value"])
+        value = stored_return_value(outcome.values["return_value"], result.id)
         object.__setattr__(result, "_return_value", value)
     if outcome.error is not None:
         result.errors.extend(task_errors([outcome.error]))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from argparse import ArgumentTypeError
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
@@ -20,16 +22,22 @@ LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.D
 
 
 def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(value)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise ArgumentTypeError(f"must be more than 0, got {value}")
     return number
 
 
 def _positive_int(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise ArgumentTypeError(f"expected a whole number, got {value!r}") from None
     if number < 1:
-        raise ValueError(value)
+        raise ArgumentTypeError(f"must be at least 1, got {number}")
     return number
 
 
@@ -146,6 +154,10 @@ class Command(BaseCommand):
             os._exit(code)
 
     def _backend(self, alias: str) -> DatabaseBackend:
+        configured = getattr(settings, "TASKS", {}) or {}
+        if alias not in configured:
+            known = ", ".join(sorted(configured)) or "nothing"
+            raise CommandError(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
         try:
             backend = task_backends[alias]
         except (InvalidTaskBackend, TasksPlusError) as exc:

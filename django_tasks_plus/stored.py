@@ -1,0 +1,72 @@
+"""Reading JSON columns that a person, a script or a bug may have corrupted.
+
+Rows are written by the backend and the worker, but they live in an ordinary table: an
+UPDATE by hand, a restore gone wrong or a bug elsewhere can leave text that is not JSON
+(SQLite stores any text) or JSON of the wrong shape. One such row must never stop a
+worker from claiming the others, and nothing it holds may be thrown away silently:
+
+* ``args``/``kwargs`` that are not JSON become ``CorruptJson``; the worker dead-letters
+  the row with the parser's message (see ``worker.execution.prepare_call``).
+* ``errors`` that are not a list of error objects are kept as one error entry naming
+  ``CorruptTaskRecord``, with the stored text in it, so later attempts append after it.
+* ``worker_ids`` are bookkeeping: anything but a list of strings reads as empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .codec import loads
+
+CORRUPT_ERROR_PATH = "django_tasks_plus.exceptions.CorruptTaskRecord"
+_KEPT_TEXT_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class CorruptJson:
+    """A column whose stored text is not JSON; ``text`` is what was there."""
+
+    text: str
+    problem: str
+
+
+def parse_column(value: Any) -> Any:
+    """A JSON column's value: decoded if it arrived as text, ``CorruptJson`` if unparsable."""
+    if not isinstance(value, str | bytes):
+        return value
+    try:
+        return loads(value)
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        return CorruptJson(text, str(exc))
+
+
+def worker_id_list(value: Any) -> tuple[str, ...]:
+    """The ``worker_ids`` column as a tuple of ids; a corrupt value reads as none."""
+    value = parse_column(value)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return ()
+
+
+def error_list(value: Any) -> tuple[Mapping[str, Any], ...]:
+    """The ``errors`` column as error entries; a corrupt value becomes one entry keeping it."""
+    value = parse_column(value)
+    if value is None:
+        return ()
+    if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
+        return tuple(value)
+    text = value.text if isinstance(value, CorruptJson) else repr(value)
+    if len(text) > _KEPT_TEXT_LIMIT:
+        text = f"{text[:_KEPT_TEXT_LIMIT]}… ({len(text):,} characters)"
+    return (
+        {
+            "exception_class_path": CORRUPT_ERROR_PATH,
+            "traceback": (
+                "The row's errors column held a value that is not a list of errors; "
+                f"it is kept here as it was: {text}"
+            ).replace("\x00", "\\x00"),
+        },
+    )
