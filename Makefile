@@ -2,13 +2,16 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test bench lint format clean distclean
+.PHONY: help demo test bench chaos audit lint format clean distclean
 
 help:
 	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/ + a worker"
 	@echo "make test       run pytest for every Django/Python combination on SQLite and PostgreSQL"
 	@echo "                (knobs: TEST_COMBOS=django61 TEST_DBS=sqlite PYTEST_ARGS='-x -k name')"
 	@echo "make bench      benchmark on PostgreSQL (BENCH_ARGS='--quick'); drops/recreates db 'bench'"
+	@echo "make chaos      chaos run: kill, pause and cut off workers while they drain; checks"
+	@echo "                nothing is lost (CHAOS_ARGS='--sqlite' or '--long'); restarts PostgreSQL"
+	@echo "make audit      pip-audit the dependency sets 'make test' installed"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff check --fix + ruff format"
 	@echo "make clean      remove caches, build artefacts, test logs and test databases"
@@ -20,10 +23,19 @@ demo:
 test:
 	bash scripts/run-tests.sh
 
-bench:
+bench: .venv-bench/.installed
+	DEBUG=false .venv-bench/bin/python bench/run.py $(BENCH_ARGS)
+
+chaos: .venv-bench/.installed
+	.venv-bench/bin/python bench/chaos.py $(CHAOS_ARGS)
+
+.venv-bench/.installed: pyproject.toml
 	test -x .venv-bench/bin/python || python3 -m venv .venv-bench
 	.venv-bench/bin/pip install -q -e ".[postgres]"
-	DEBUG=false .venv-bench/bin/python bench/run.py $(BENCH_ARGS)
+	touch $@
+
+audit:
+	bash scripts/audit.sh
 
 lint:
 	bash scripts/lint.sh

@@ -48,7 +48,6 @@ from benchenv import (
 
 PG_DATABASE = "chaos"
 PG_URL = f"postgres://root@127.0.0.1:5432/{PG_DATABASE}"
-PG_RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
 LEDGER_TABLE = "chaos_ledger"  # the same name as chaostasks.LEDGER_TABLE
 TASK_PATH = "chaostasks.chaos_step"
 ENQUEUE_CHUNK = 1000
@@ -59,6 +58,18 @@ DESIGNED_TO_DIE = ("abort", "doomed")
 ERROR_MARKERS = (" ERROR ", " CRITICAL ", "crashed", "failed unexpectedly")
 LOCKED = "database is locked"
 TERMINAL = ("SUCCESSFUL", "FAILED")
+
+
+def pg_restart_command() -> list[str]:
+    """``pg_ctlcluster … restart`` for the cluster on port 5432 (version read, not assumed)."""
+    listing = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout
+    for line in listing.splitlines():
+        version, cluster, port, *_ = line.split()
+        if port == "5432":
+            return ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"]
+    raise SystemExit("chaos: pg_lsclusters lists no cluster on port 5432 to restart")
 
 
 def log(message: str) -> None:
@@ -316,9 +327,10 @@ class Chaos:
     def cut_database(self) -> None:
         began = time.monotonic()
         if self.args.db_chaos == "restart":
-            done = subprocess.run(PG_RESTART, capture_output=True, text=True, timeout=120)
+            restart = pg_restart_command()
+            done = subprocess.run(restart, capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
-                raise SystemExit(f"chaos: {' '.join(PG_RESTART)} failed: {done.stderr.strip()}")
+                raise SystemExit(f"chaos: {' '.join(restart)} failed: {done.stderr.strip()}")
         else:
             import psycopg
 

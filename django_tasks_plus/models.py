@@ -76,6 +76,12 @@ class TaskRecord(models.Model):
     class Meta:
         verbose_name = _("task")
         verbose_name_plural = _("tasks")
+        # The admin's operating actions, each granted on its own (see admin.py).
+        permissions = [
+            ("redrive_taskrecord", _("Can redrive dead-lettered tasks")),
+            ("cancel_taskrecord", _("Can cancel tasks")),
+            ("discard_taskrecord", _("Can release ordering keys held by dead tasks")),
+        ]
         indexes = [
             # The claim query walks this index in order and stops after LIMIT rows.
             models.Index(

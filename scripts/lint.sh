@@ -16,7 +16,7 @@ if [[ ${1:-} == --fix ]]; then
 fi
 
 paths=()
-for p in django_tasks_plus tests testproject bench; do
+for p in django_tasks_plus tests testproject bench scripts; do
     [[ -d $p ]] && paths+=("$p")
 done
 

@@ -1,45 +1,230 @@
-"""The read-only admin pages for tasks and workers."""
+"""The admin: read-only pages and audited actions, for every kind of user.
+
+The permission matrix below is the contract: who may see which page and who may run
+which action. Actions are POSTs through Django's admin action form, so they also need
+the CSRF token; each change is logged under the acting user.
+"""
 
 from __future__ import annotations
 
-import pytest
-from django.urls import reverse
+from collections.abc import Callable
 
-from django_tasks_plus.models import TaskRecord
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.models import TaskRecord, WorkerRecord
 from tests import tasks
 
 pytestmark = pytest.mark.django_db
 
+ROLES = ("anonymous", "non_staff", "staff_no_perms", "staff_view_only", "operator", "superuser")
+VIEW_PERMS = ("view_taskrecord", "view_workerrecord")
+ACTION_PERMS = ("redrive_taskrecord", "cancel_taskrecord", "discard_taskrecord")
+CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
 
-def test_anonymous_users_are_sent_to_login(client):
-    response = client.get(reverse("admin:django_tasks_plus_taskrecord_changelist"))
-    assert response.status_code == 302
-    assert "/login/" in response["Location"]
 
-
-def test_staff_without_permission_is_refused(client, django_user_model):
-    user = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+def make_client(role: str, django_user_model, *, enforce_csrf: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=enforce_csrf)
+    if role == "anonymous":
+        return client
+    user = django_user_model.objects.create_user(
+        role, password="pw", is_staff=role != "non_staff", is_superuser=role == "superuser"
+    )
+    codenames = {
+        # A non-staff user holding every permission still may not use the admin.
+        "non_staff": VIEW_PERMS + ACTION_PERMS,
+        "staff_view_only": VIEW_PERMS,
+        "operator": VIEW_PERMS + ACTION_PERMS,
+    }.get(role, ())
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
     client.force_login(user)
-    response = client.get(reverse("admin:django_tasks_plus_taskrecord_changelist"))
+    return client
+
+
+def failed_record(**extra) -> TaskRecord:
+    now = timezone.now()
+    return TaskRecord.objects.create(
+        task_path="tests.tasks.add",
+        args=[1, 2],
+        status=TaskResultStatus.FAILED,
+        attempt=3,
+        run_after=now,
+        enqueued_at=now,
+        finished_at=now,
+        dead_letter_reason="gave up after 3 attempt(s)",
+        **extra,
+    )
+
+
+def sent_to_login(response) -> bool:
+    return response.status_code == 302 and "/login/" in response["Location"]
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+def _pages() -> dict[str, Callable[[TaskRecord, WorkerRecord], str]]:
+    task_url = "admin:django_tasks_plus_taskrecord_"
+    return {
+        "task list": lambda t, w: reverse(CHANGELIST),
+        "dead letters": lambda t, w: reverse(CHANGELIST) + "?status__exact=FAILED",
+        "task detail": lambda t, w: reverse(task_url + "change", args=[t.pk]),
+        "task history": lambda t, w: reverse(task_url + "history", args=[t.pk]),
+        "worker list": lambda t, w: reverse("admin:django_tasks_plus_workerrecord_changelist"),
+        "worker detail": lambda t, w: reverse(
+            "admin:django_tasks_plus_workerrecord_change", args=[w.pk]
+        ),
+        "task add": lambda t, w: reverse(task_url + "add"),
+        "task delete": lambda t, w: reverse(task_url + "delete", args=[t.pk]),
+    }
+
+
+# What each role gets for each page: 200, 403, or "login" (redirected to the login page).
+PAGE_MATRIX = {
+    "anonymous": dict.fromkeys(_pages(), "login"),
+    "non_staff": dict.fromkeys(_pages(), "login"),
+    "staff_no_perms": dict.fromkeys(_pages(), 403),
+    "staff_view_only": {**dict.fromkeys(_pages(), 200), "task add": 403, "task delete": 403},
+    "operator": {**dict.fromkeys(_pages(), 200), "task add": 403, "task delete": 403},
+    "superuser": {**dict.fromkeys(_pages(), 200), "task add": 403, "task delete": 403},
+}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_page_permission_matrix(role, django_user_model):
+    client = make_client(role, django_user_model)
+    record = failed_record()
+    worker = WorkerRecord.objects.create(
+        worker_id="w-1",
+        backend_name="default",
+        hostname="h",
+        pid=1,
+        concurrency=1,
+        started_at=timezone.now(),
+        last_heartbeat_at=timezone.now(),
+    )
+    seen = {}
+    for page, url in _pages().items():
+        response = client.get(url(record, worker))
+        seen[page] = "login" if sent_to_login(response) else response.status_code
+    assert seen == PAGE_MATRIX[role]
+    if PAGE_MATRIX[role]["task detail"] == 200:
+        detail = client.get(_pages()["task detail"](record, worker)).content.decode()
+        assert 'name="_save"' not in detail  # read-only: no form to change the row
+
+
+# -- actions -------------------------------------------------------------------------------
+
+
+def _ready_row() -> TaskRecord:
+    return TaskRecord.objects.get(pk=tasks.add.enqueue(1, 2).id)
+
+
+ACTIONS = {
+    # action: (make the row it applies to, the row's status after, a field that shows it)
+    "redrive_tasks": (failed_record, TaskResultStatus.READY, "Redriven from the admin."),
+    "cancel_tasks": (_ready_row, TaskResultStatus.FAILED, "Cancelled from the admin."),
+    "discard_tasks": (
+        lambda: failed_record(ordering_key="k", ordering_blocked=True),
+        TaskResultStatus.FAILED,
+        "Discarded from the admin.",
+    ),
+}
+ALLOWED_TO_ACT = {"operator", "superuser"}
+
+
+def _post_action(client: Client, action: str, record: TaskRecord):
+    return client.post(
+        reverse(CHANGELIST),
+        {"action": action, "_selected_action": [str(record.pk)], "index": "0"},
+    )
+
+
+def _changed(action: str, record: TaskRecord) -> bool:
+    record.refresh_from_db()
+    if action == "discard_tasks":
+        return not record.ordering_blocked
+    return record.status == ACTIONS[action][1]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+@pytest.mark.parametrize("role", ROLES)
+def test_action_permission_matrix(role, action, django_user_model):
+    client = make_client(role, django_user_model)
+    record = ACTIONS[action][0]()
+    response = _post_action(client, action, record)
+
+    if role in ALLOWED_TO_ACT:
+        assert response.status_code == 302  # back to the list, with a message
+        assert _changed(action, record)
+        entry = LogEntry.objects.get()
+        assert entry.user.username == role
+        assert entry.action_flag == CHANGE
+        assert entry.object_id == str(record.pk)
+        assert entry.get_change_message() == ACTIONS[action][2]
+        return
+
+    expected = {"anonymous": "login", "non_staff": "login", "staff_no_perms": 403}.get(role, 200)
+    assert ("login" if sent_to_login(response) else response.status_code) == expected
+    assert not _changed(action, record)
+    assert not LogEntry.objects.exists()
+    if role == "staff_view_only":  # the list shows, but without the action
+        assert f'value="{action}"' not in response.content.decode()
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_actions_need_the_csrf_token(action, django_user_model):
+    client = make_client("operator", django_user_model, enforce_csrf=True)
+    record = ACTIONS[action][0]()
+    response = _post_action(client, action, record)
     assert response.status_code == 403
+    assert not _changed(action, record)
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_actions_do_nothing_on_get(action, django_user_model):
+    client = make_client("superuser", django_user_model)
+    record = ACTIONS[action][0]()
+    response = client.get(
+        reverse(CHANGELIST), {"action": action, "_selected_action": str(record.pk), "index": "0"}
+    )
+    assert response.status_code in (200, 302)
+    assert not _changed(action, record)
+    assert not LogEntry.objects.exists()
+
+
+def test_operator_sees_the_actions_and_a_summary(django_user_model):
+    client = make_client("operator", django_user_model)
+    dead = failed_record()
+    ready = _ready_row()
+    listing = client.get(reverse(CHANGELIST)).content.decode()
+    for action in ACTIONS:
+        assert f'value="{action}"' in listing
+
+    response = client.post(
+        reverse(CHANGELIST),
+        {"action": "redrive_tasks", "_selected_action": [str(dead.pk), str(ready.pk)], "index": 0},
+        follow=True,
+    )
+    text = response.content.decode()
+    assert "1 task redriven. 1 was not dead-lettered and was left alone." in text
+    assert LogEntry.objects.count() == 1
 
 
 def test_superuser_sees_tasks_read_only(admin_client):
     result = tasks.add.enqueue(1, 2)
-    changelist = admin_client.get(reverse("admin:django_tasks_plus_taskrecord_changelist"))
+    changelist = admin_client.get(reverse(CHANGELIST))
     assert changelist.status_code == 200
     assert "tests.tasks.add" in changelist.content.decode()
     assert "Add task" not in changelist.content.decode()
 
-    detail = admin_client.get(
-        reverse("admin:django_tasks_plus_taskrecord_change", args=[result.id])
-    )
-    assert detail.status_code == 200
-    assert 'name="_save"' not in detail.content.decode()
-
-    filtered = admin_client.get(
-        reverse("admin:django_tasks_plus_taskrecord_changelist") + "?status__exact=FAILED"
-    )
+    filtered = admin_client.get(reverse(CHANGELIST) + "?status__exact=FAILED")
     assert "tests.tasks.add" not in filtered.content.decode()
 
     post = admin_client.post(
@@ -47,8 +232,3 @@ def test_superuser_sees_tasks_read_only(admin_client):
     )
     assert post.status_code == 403
     assert TaskRecord.objects.filter(pk=result.id).exists()
-
-
-def test_workers_page(admin_client):
-    response = admin_client.get(reverse("admin:django_tasks_plus_workerrecord_changelist"))
-    assert response.status_code == 200
