@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prefetch", type=int, help="runtasks --prefetch (default: its own)")
     parser.add_argument("--single", type=int, default=2000, help="tasks for the enqueue rate")
     args = parser.parse_args()
 
@@ -80,6 +81,8 @@ def main() -> None:
         "--concurrency",
         str(args.concurrency),
     ]
+    if args.prefetch is not None:
+        command += ["--prefetch", str(args.prefetch)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:2]), "TASKS_LOG_LEVEL": "WARNING"}
     started = time.perf_counter()
     subprocess.run(command, env=env, check=True)

@@ -2,21 +2,24 @@
 
 A worker finishing hundreds of tasks a second would otherwise pay one commit per task.
 Outcomes are grouped by the columns they set; on PostgreSQL each group is one
-``UPDATE … FROM (VALUES …)`` statement, elsewhere one statement per row, and the whole
-batch commits once. Each row still lands only where its lease token matches.
+``UPDATE … FROM unnest(…)`` statement with one array parameter per column, elsewhere one
+statement per row, and the whole batch commits once. Each row still lands only where its
+lease token matches.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..codec import dumps
 from ..lifecycle import ClaimedTask, Transition
-from .base import RUNNING, column, prep, table
+from .base import RUNNING, column, table
+from .pgexec import fetch_all
 from .store import apply_transition
 
 Completion = tuple[ClaimedTask, Transition]
@@ -52,38 +55,37 @@ def _postgresql(connection: BaseDatabaseWrapper, completions: Sequence[Completio
     for claimed, outcome in completions:
         groups.setdefault(tuple(sorted(outcome.values)), []).append((claimed, outcome))
     landed: set[str] = set()
-    with connection.cursor() as cursor:
-        for names, members in groups.items():
-            sql, params = _update_from_values(connection, names, members)
-            cursor.execute(sql, params)
-            landed.update(str(row[0]) for row in cursor.fetchall())
+    for names, members in groups.items():
+        sql = _update_from_arrays_sql(connection.ops.quote_name, names)
+        rows = fetch_all(connection, sql, _column_arrays(names, members))
+        landed.update(str(row[0]) for row in rows)
     return landed
 
 
-def _update_from_values(
-    connection: BaseDatabaseWrapper, names: tuple[str, ...], members: Sequence[Completion]
-) -> tuple[str, list[Any]]:
-    from ..models import TaskRecord
+def _column_arrays(names: tuple[str, ...], members: Sequence[Completion]) -> list[list[Any]]:
+    """One array per column (id, lease token, status, then ``names``), a row per member."""
+    arrays: list[list[Any]] = [
+        [claimed.id for claimed, _ in members],
+        [claimed.lease_token for claimed, _ in members],
+        [outcome.status for _, outcome in members],
+    ]
+    for name in names:
+        values = [outcome.values[name] for _, outcome in members]
+        if _pg_type(name) == "jsonb":
+            # SQL NULL for None (not JSON null), as the ORM stores a null JSON column.
+            values = [None if value is None else dumps(value) for value in values]
+        arrays.append(values)
+    return arrays
 
-    quote = connection.ops.quote_name
+
+@lru_cache(maxsize=64)
+def _update_from_arrays_sql(quote: Callable[[str], str], names: tuple[str, ...]) -> str:
+    """``UPDATE … FROM unnest(arrays)``: fenced by lease token; the text depends only on
+    which columns the outcomes set, so it is built once and psycopg caches its parsing."""
     t = quote(table())
-    fields = TaskRecord._meta
-
-    def cast(name: str) -> str:
-        return _PG_TYPES[fields.get_field(name).get_internal_type()]
-
     columns = ["id", "lease_token", "status", *names]
-    casts = [cast(name) for name in columns]
-    row_sql = "(" + ", ".join(f"%s::{kind}" for kind in casts) + ")"
-    params: list[Any] = []
-    for claimed, outcome in members:
-        params.extend([claimed.id, claimed.lease_token, outcome.status])
-        for name in names:
-            value = outcome.values[name]
-            if cast(name) == "jsonb":
-                params.append(None if value is None else json.dumps(value, ensure_ascii=False))
-            else:
-                params.append(prep(name, value, connection))
+    arrays = ", ".join(f"%s::{_pg_type(name)}[]" for name in columns)
+    aliases = ", ".join(quote(name) for name in columns)
     assignments = ", ".join(
         [
             f"{quote(column('status'))} = v.{quote('status')}",
@@ -92,13 +94,17 @@ def _update_from_values(
             *(f"{quote(column(name))} = v.{quote(name)}" for name in names),
         ]
     )
-    aliases = ", ".join(quote(name) for name in columns)
-    sql = (
+    return (
         f"UPDATE {t} SET {assignments} "
-        f"FROM (VALUES {', '.join([row_sql] * len(members))}) AS v({aliases}) "
+        f"FROM unnest({arrays}) AS v({aliases}) "
         f"WHERE {t}.{quote(column('id'))} = v.{quote('id')} "
         f"AND {t}.{quote(column('lease_token'))} = v.{quote('lease_token')} "
         f"AND {t}.{quote(column('status'))} = '{RUNNING}' "
         f"RETURNING {t}.{quote(column('id'))}"
     )
-    return sql, params
+
+
+def _pg_type(name: str) -> str:
+    from ..models import TaskRecord
+
+    return _PG_TYPES[TaskRecord._meta.get_field(name).get_internal_type()]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -19,10 +20,10 @@ from .base import (
     column,
     insert_statements,
     ordering_head_sql,
-    prep,
     sort_claimed,
     table,
 )
+from .pgexec import fetch_all
 
 # Batches at least this big go through COPY, which skips SQL parsing of every row.
 COPY_THRESHOLD = 64
@@ -92,52 +93,54 @@ class PostgreSQLDialect(Dialect):
         now: datetime,
         lease_expires_at: datetime,
     ) -> list[ClaimedTask]:
-        quote = connection.ops.quote_name
-        t = quote(table())
-
-        def c(name: str) -> str:
-            return quote(column(name))
-
-        returning = ", ".join(f"{t}.{c(name)}" for name in CLAIM_COLUMNS)
-        sql = f"""
-            WITH picked AS (
-                SELECT candidate.{c("id")} FROM {t} candidate
-                WHERE candidate.{c("status")} = '{READY}'
-                  AND candidate.{c("backend_name")} = %s
-                  AND candidate.{c("queue_name")} = ANY(%s)
-                  AND candidate.{c("run_after")} <= %s
-                  AND {ordering_head_sql("candidate", quote)}
-                ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
-                         candidate.{c("id")}
-                LIMIT %s
-                FOR UPDATE SKIP LOCKED
-            )
-            UPDATE {t} SET
-                {c("status")} = '{RUNNING}',
-                {c("lease_token")} = %s,
-                {c("lease_expires_at")} = %s,
-                {c("attempt")} = {t}.{c("attempt")} + 1,
-                {c("worker_ids")} = (
-                    CASE WHEN jsonb_typeof({t}.{c("worker_ids")}) = 'array'
-                    THEN {t}.{c("worker_ids")} ELSE '[]'::jsonb END
-                ) || jsonb_build_array(%s::text),
-                {c("started_at")} = COALESCE({t}.{c("started_at")}, %s),
-                {c("last_attempted_at")} = %s
-            FROM picked WHERE {t}.{c("id")} = picked.{c("id")}
-            RETURNING {returning}
-        """
         params = [
             backend_name,
             list(queues),
-            prep("run_after", now, connection),
+            now,
             limit,
             lease_token,
-            prep("lease_expires_at", lease_expires_at, connection),
+            lease_expires_at,
             worker_id,
-            prep("started_at", now, connection),
-            prep("last_attempted_at", now, connection),
+            now,
+            now,
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+        rows = fetch_all(connection, _claim_sql(connection.ops.quote_name), params)
         return sort_claimed([claimed_from_row(row, now) for row in rows])
+
+
+@lru_cache(maxsize=8)
+def _claim_sql(quote: Callable[[str], str]) -> str:
+    """The claim statement; its text never changes, so it is built once per connection."""
+    t = quote(table())
+
+    def c(name: str) -> str:
+        return quote(column(name))
+
+    returning = ", ".join(f"{t}.{c(name)}" for name in CLAIM_COLUMNS)
+    return f"""
+        WITH picked AS (
+            SELECT candidate.{c("id")} FROM {t} candidate
+            WHERE candidate.{c("status")} = '{READY}'
+              AND candidate.{c("backend_name")} = %s
+              AND candidate.{c("queue_name")} = ANY(%s)
+              AND candidate.{c("run_after")} <= %s
+              AND {ordering_head_sql("candidate", quote)}
+            ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
+                     candidate.{c("id")}
+            LIMIT %s
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE {t} SET
+            {c("status")} = '{RUNNING}',
+            {c("lease_token")} = %s,
+            {c("lease_expires_at")} = %s,
+            {c("attempt")} = {t}.{c("attempt")} + 1,
+            {c("worker_ids")} = (
+                CASE WHEN jsonb_typeof({t}.{c("worker_ids")}) = 'array'
+                THEN {t}.{c("worker_ids")} ELSE '[]'::jsonb END
+            ) || jsonb_build_array(%s::text),
+            {c("started_at")} = COALESCE({t}.{c("started_at")}, %s),
+            {c("last_attempted_at")} = %s
+        FROM picked WHERE {t}.{c("id")} = picked.{c("id")}
+        RETURNING {returning}
+    """

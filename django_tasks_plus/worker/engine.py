@@ -40,6 +40,14 @@ from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 logger = logging.getLogger("django_tasks_plus.worker")
 
 WORKER_ID_MAX_LENGTH = 64
+# Adaptive prefetch holds about this much work, by recent run times, beyond the threads'
+# own, and never more than MAX_ADAPTIVE_PREFETCH tasks: short tasks are claimed in big
+# batches (few claim round trips and commits per task), long ones a few at a time (no
+# hoarding while another process idles).
+PREFETCH_BUFFER_SECONDS = 0.1
+MAX_ADAPTIVE_PREFETCH = 256
+# Weight of the newest run time in the moving average that sizes adaptive prefetch.
+RUN_TIME_SMOOTHING = 0.1
 # Signals this close together are one request (group delivery plus supervisor forwarding).
 DUPLICATE_SIGNAL_WINDOW = 0.5
 
@@ -61,6 +69,8 @@ class WorkerConfig:
     shutdown_timeout: float
     poll_interval: float
     prefetch: int = 0
+    # Grow the prefetch above ``prefetch`` (its floor) while tasks are short.
+    adaptive_prefetch: bool = False
     burst: bool = False
     max_tasks: int | None = None
     log_each_task: bool = False
@@ -108,12 +118,14 @@ class Worker:
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
         self.halt = threading.Event()  # stops background threads after shutdown
-        self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup]] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup, float]] = (
+            queue.SimpleQueue()
+        )
+        self._run_seconds: float | None = None  # moving average; main thread only
         self._leased: dict[str, ClaimedTask] = {}
         self._settling: set[str] = set()  # outcome being written: lease ends on purpose
         self._leased_lock = threading.Lock()
         self._claimed_total = 0
-        self._claim_batch_floor = max(1, (config.concurrency + config.prefetch) // 2)
         self._group_cursor = 0
         self._claim_cursor = 0
         self.signals_received = 0
@@ -223,8 +235,16 @@ class Worker:
                     continue
             self.wakeup.wait(backoff.next())
 
+    def _prefetch(self) -> int:
+        """Tasks to hold beyond the threads: fixed, or sized by recent run times."""
+        floor = self.config.prefetch
+        if not self.config.adaptive_prefetch or self._run_seconds is None:
+            return floor
+        wanted = self.config.concurrency * PREFETCH_BUFFER_SECONDS / max(self._run_seconds, 1e-6)
+        return max(floor, min(MAX_ADAPTIVE_PREFETCH, int(wanted)))
+
     def _free_slots(self) -> int:
-        free = self.config.concurrency + self.config.prefetch - len(self._leased)
+        free = self.config.concurrency + self._prefetch() - len(self._leased)
         if self.config.max_tasks is not None:
             free = min(free, self.config.max_tasks - self._claimed_total)
         return max(0, free)
@@ -238,7 +258,8 @@ class Worker:
         if free <= 0:
             return 0
         waiting = sum(group.doer.waiting for group in self.groups)
-        if waiting and free < self._claim_batch_floor:
+        batch_floor = max(1, (self.config.concurrency + self._prefetch()) // 2)
+        if waiting and free < batch_floor:
             # Work is still queued in-process: wait until a worthwhile batch is free
             # rather than paying one claim round trip per finished task.
             return 0
@@ -308,11 +329,12 @@ class Worker:
             self._pool.submit(self._run_on_slot, task, group)
 
     def _run_on_slot(self, task: ClaimedTask, group: QueueGroup) -> None:
+        began = time.perf_counter()
         try:
             self.runner.run(task)
         finally:
             # The thread is free again; the lease ends when the outcome is written.
-            self._finished.put((task, group))
+            self._finished.put((task, group, time.perf_counter() - began))
             self.wakeup.set()
 
     def _on_written(self, task_id: str) -> None:
@@ -332,10 +354,14 @@ class Worker:
     def _collect_finished(self) -> None:
         while True:
             try:
-                task, group = self._finished.get_nowait()
+                task, group, seconds = self._finished.get_nowait()
             except queue.Empty:
                 return
             group.doer.finished(task)
+            average = self._run_seconds
+            self._run_seconds = (
+                seconds if average is None else average + RUN_TIME_SMOOTHING * (seconds - average)
+            )
 
     # -- leases -------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from datetime import datetime
 from functools import partial
 from inspect import iscoroutinefunction
@@ -130,6 +129,9 @@ class TaskRunner:
         self.reporter = reporter
         self.on_written = on_written
         self.schedule = schedule
+        # task_finished sends of the batch being written; touched by the reporter only.
+        self._announcements: list[Callable[[], None]] = []
+        reporter.after_batch = self.after_batch
 
     def run(self, claimed: ClaimedTask) -> None:
         """Run one claimed task on this thread and hand its outcome to the reporter.
@@ -268,10 +270,9 @@ class TaskRunner:
         if self.on_settle is not None:
             # From here on the lease may end by our own write: not a lost lease.
             self.on_settle(claimed.id)
-        written = self.reporter.submit(claimed, outcome)
         seconds = time.monotonic() - began
-        written.add_done_callback(
-            partial(self._after_write, claimed, outcome.status, seconds, announce)
+        self.reporter.submit(
+            claimed, outcome, partial(self._after_write, claimed, outcome.status, seconds, announce)
         )
 
     def _after_write(
@@ -280,12 +281,11 @@ class TaskRunner:
         status: str,
         seconds: float,
         announce: Callable[[], None] | None,
-        written: Future[bool],
+        landed: bool,
     ) -> None:
         """Runs on the reporter thread: keep it short, and never raise."""
-        landed = not written.cancelled() and written.exception() is None and written.result()
         if landed and announce is not None:
-            self.schedule(announce)
+            self._announcements.append(announce)
         elif not landed:
             logger.warning(
                 "Task %s: lease lost (another worker owns it now) or the write was refused; "
@@ -305,6 +305,14 @@ class TaskRunner:
             )
         self.on_written(claimed.id)
 
+    def after_batch(self) -> None:
+        """Reporter thread, after a batch: send its ``task_finished`` signals on a worker
+        thread, one hand-off for the whole batch rather than one per task."""
+        if not self._announcements:
+            return
+        announcements, self._announcements = self._announcements, []
+        self.schedule(partial(_run_all, announcements))
+
     def _announce(self, result: compat.TaskResult, exception: BaseException | None) -> None:
         """Send ``task_finished``; re-raise a failure around it so receivers see it."""
         sender = type(self.backend)
@@ -318,6 +326,11 @@ class TaskRunner:
                 compat.task_finished.send(sender=sender, task_result=result)
         except Exception:
             logger.exception("A task_finished receiver failed for task %s", result.id)
+
+
+def _run_all(jobs: list[Callable[[], None]]) -> None:
+    for job in jobs:
+        job()  # each one catches and logs its own failures
 
 
 def _blocks_ordering(task: compat.Task | None) -> bool:

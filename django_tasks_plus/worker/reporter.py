@@ -1,8 +1,11 @@
 """The worker's single writer of attempt outcomes: group commit for the task threads.
 
-Task threads hand their outcome to the reporter and wait for it to be written; the
-reporter writes whatever has accumulated in one transaction. Under load many outcomes
-share one commit; when idle a lone outcome is written at once, so latency stays low.
+Task threads hand their outcome to the reporter and move on; the reporter writes
+whatever has accumulated in one transaction. Under load many outcomes share one commit;
+when idle a lone outcome is written at once, so latency stays low. Each outcome comes
+with a callback, called on this thread once the batch is written with whether its row
+landed (False when the lease was lost or the write failed); ``after_batch`` runs after
+each batch's callbacks, so follow-up work can be handed on once per batch.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
@@ -24,18 +27,21 @@ MAX_BATCH = 500
 _STOP = object()
 
 
+Written = Callable[[bool], None]
+"""Called with whether the outcome's row landed; must be quick and must not raise."""
+
+
 class Reporter(threading.Thread):
     def __init__(self, database: str, *, persist_deadline: float) -> None:
         super().__init__(name="tasks-reporter", daemon=True)
         self.database = database
         self.persist_deadline = persist_deadline
+        self.after_batch: Callable[[], None] | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def submit(self, claimed: ClaimedTask, outcome: Transition) -> Future[bool]:
-        """Queue one outcome; the future says whether it landed once it is written."""
-        done: Future[bool] = Future()
-        self._inbox.put((claimed, outcome, done))
-        return done
+    def submit(self, claimed: ClaimedTask, outcome: Transition, written: Written) -> None:
+        """Queue one outcome; ``written`` is called once it is written (or refused)."""
+        self._inbox.put((claimed, outcome, written))
 
     def stop(self) -> None:
         self._inbox.put(_STOP)
@@ -58,6 +64,8 @@ class Reporter(threading.Thread):
                         break
                     batch.append(more)
                 self._flush(batch)
+                if self.after_batch is not None:
+                    self.after_batch()
                 if stopping:
                     return
         finally:
@@ -90,20 +98,18 @@ class Reporter(threading.Thread):
                 # One bad row must not sink its neighbours: write them one by one.
                 self._flush_one_by_one(batch)
                 return
-            except BaseException as exc:  # never strand the waiting task threads
-                for _, _, done in batch:
-                    done.set_exception(exc)
-                return
-            for (_, _, done), ok in zip(batch, landed, strict=True):
-                done.set_result(ok)
+            except Exception:  # never strand the tasks: their leases will expire
+                logger.exception("Could not write %d outcome(s)", len(batch))
+                landed = [False] * len(batch)
+            for (_, _, written), ok in zip(batch, landed, strict=True):
+                written(ok)
             return
 
     def _flush_one_by_one(self, batch: list) -> None:  # type: ignore[type-arg]
-        for claimed, outcome, done in batch:
+        for claimed, outcome, written in batch:
             try:
                 [ok] = apply_transitions(self.database, [(claimed, outcome)])
-            except BaseException as exc:
+            except Exception:
                 logger.exception("Could not write the outcome of task %s", claimed.id)
-                done.set_exception(exc)
-            else:
-                done.set_result(ok)
+                ok = False
+            written(ok)

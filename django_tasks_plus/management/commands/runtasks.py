@@ -15,7 +15,13 @@ from django.db import connections
 from ...backend import DatabaseBackend
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
 from ...exceptions import TasksPlusError
-from ...worker.engine import WORKER_ID_MAX_LENGTH, Worker, WorkerConfig, default_worker_id
+from ...worker.engine import (
+    MAX_ADAPTIVE_PREFETCH,
+    WORKER_ID_MAX_LENGTH,
+    Worker,
+    WorkerConfig,
+    default_worker_id,
+)
 from ...worker.supervisor import supervise
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
@@ -45,12 +51,26 @@ def _configure_logging(verbosity: int) -> None:
     """Honour -v even when the project's LOGGING says nothing about this package."""
     package_logger = logging.getLogger("django_tasks_plus")
     package_logger.setLevel(LOG_LEVELS.get(verbosity, logging.DEBUG))
+    # Django's own task-signal receivers log every start and finish at INFO (failures at
+    # ERROR). Below -v 2 that is per-task logging nobody asked for, and it costs a log
+    # record per task; a level the project set on that logger is left alone.
+    # ("django_tasks" is the backport's name for the same logger.)
+    for name in ("django.tasks", "django_tasks"):
+        framework_logger = logging.getLogger(name)
+        if verbosity < 2 and framework_logger.level == logging.NOTSET:
+            framework_logger.setLevel(logging.WARNING)
     if not package_logger.hasHandlers():
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)s %(name)s [pid %(process)d] %(message)s")
         )
         package_logger.addHandler(handler)
+
+
+def _describe_prefetch(config: WorkerConfig) -> str:
+    if config.adaptive_prefetch:
+        return f"adaptive, {config.prefetch} to {MAX_ADAPTIVE_PREFETCH}"
+    return str(config.prefetch)
 
 
 class Command(BaseCommand):
@@ -74,7 +94,8 @@ class Command(BaseCommand):
             "--prefetch",
             type=int,
             help="Tasks claimed beyond free threads, so claims come in batches "
-            "(default: OPTIONS['PREFETCH'], else the concurrency).",
+            "(default: OPTIONS['PREFETCH'], else adaptive: from the concurrency up to "
+            "256 while tasks are short).",
         )
         parser.add_argument(
             "--processes", type=_positive_int, default=1, help="Worker processes to fork."
@@ -121,12 +142,15 @@ class Command(BaseCommand):
         concurrency = options["concurrency"] or settings.concurrency
         prefetch = options["prefetch"]
         if prefetch is None:
-            prefetch = concurrency if settings.prefetch is None else settings.prefetch
+            prefetch = settings.prefetch
+        # Unset everywhere: adaptive, from the concurrency up while tasks are short.
+        adaptive = prefetch is None
         config = WorkerConfig(
             backend_alias=backend.alias,
             queues=queues,
             concurrency=concurrency,
-            prefetch=prefetch,
+            prefetch=concurrency if prefetch is None else prefetch,
+            adaptive_prefetch=adaptive,
             worker_id=worker_id,
             visibility_timeout=options["visibility_timeout"] or settings.visibility_timeout,
             shutdown_timeout=options["shutdown_timeout"] or settings.shutdown_timeout,
@@ -192,6 +216,7 @@ class Command(BaseCommand):
             f"  database:    {backend.settings.database} ({connection.vendor}: {name})\n"
             f"  queues:      {', '.join(config.queues)}\n"
             f"  processes:   {processes} x {config.concurrency} threads\n"
+            f"  prefetch:    {_describe_prefetch(config)}\n"
             f"  visibility:  {config.visibility_timeout:g} s"
             f"{'   mode: burst' if config.burst else ''}"
         )
