@@ -18,9 +18,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from types import FrameType
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -35,6 +35,7 @@ from .execution import TaskRunner
 from .heartbeat import Heartbeat
 from .reaper import reap_expired
 from .reporter import Reporter
+from .slots import Slots
 from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -50,6 +51,18 @@ MAX_ADAPTIVE_PREFETCH = 256
 RUN_TIME_SMOOTHING = 0.1
 # Signals this close together are one request (group delivery plus supervisor forwarding).
 DUPLICATE_SIGNAL_WINDOW = 0.5
+
+
+def adaptive_prefetch(concurrency: int, floor: int, run_seconds: float | None) -> int:
+    """How many tasks to hold beyond the threads, given the average run time so far.
+
+    About ``PREFETCH_BUFFER_SECONDS`` of work for all threads, between ``floor`` and
+    ``MAX_ADAPTIVE_PREFETCH``; ``floor`` until a run time is known.
+    """
+    if run_seconds is None:
+        return floor
+    wanted = concurrency * PREFETCH_BUFFER_SECONDS / max(run_seconds, 1e-6)
+    return max(floor, min(MAX_ADAPTIVE_PREFETCH, int(wanted)))
 
 
 def default_worker_id() -> str:
@@ -130,9 +143,7 @@ class Worker:
         self._claim_cursor = 0
         self.signals_received = 0
         self.listening = False
-        self._pool = ThreadPoolExecutor(
-            max_workers=config.concurrency, thread_name_prefix="tasks-slot"
-        )
+        self._pool = Slots(config.concurrency, name_prefix="tasks-slot")
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -237,11 +248,9 @@ class Worker:
 
     def _prefetch(self) -> int:
         """Tasks to hold beyond the threads: fixed, or sized by recent run times."""
-        floor = self.config.prefetch
-        if not self.config.adaptive_prefetch or self._run_seconds is None:
-            return floor
-        wanted = self.config.concurrency * PREFETCH_BUFFER_SECONDS / max(self._run_seconds, 1e-6)
-        return max(floor, min(MAX_ADAPTIVE_PREFETCH, int(wanted)))
+        if not self.config.adaptive_prefetch:
+            return self.config.prefetch
+        return adaptive_prefetch(self.config.concurrency, self.config.prefetch, self._run_seconds)
 
     def _free_slots(self) -> int:
         free = self.config.concurrency + self._prefetch() - len(self._leased)
@@ -326,7 +335,7 @@ class Worker:
                 continue
             idle_rounds = 0
             running += 1
-            self._pool.submit(self._run_on_slot, task, group)
+            self._pool.submit(partial(self._run_on_slot, task, group))
 
     def _run_on_slot(self, task: ClaimedTask, group: QueueGroup) -> None:
         began = time.perf_counter()
@@ -422,7 +431,7 @@ class Worker:
         except Exception as exc:
             logger.warning("Could not remove the worker row (%s).", exc)
         # Queued jobs are task_finished sends for outcomes already written: let them run.
-        self._pool.shutdown(wait=not abandoned, cancel_futures=bool(abandoned))
+        self._pool.shutdown(wait=not abandoned, cancel_pending=bool(abandoned))
         connections[self.database].close()
         return abandoned
 
