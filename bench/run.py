@@ -5,6 +5,7 @@
     python bench/run.py --workloads W1,W2 --runs 5 --tasks 50000
     python bench/run.py --sqlite          # also drain and latency on a SQLite file
     python bench/run.py --profile         # also a py-spy profile of the W2 drain
+    python bench/run.py --peers           # also procrastinate and django-tasks-db (peers.py)
 
 Workloads: W1 enqueue (single and bulk), W2 drain, W3 latency, W4 drain over a large
 finished history. The machine is shared and drifts, so each W1/W2 run is paired with a
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import baseline
+import peers
 import psycopg
 import pyspy
 import report
@@ -218,6 +220,21 @@ def profile_drain(plan: Plan) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
+def measure_peers(plan: Plan) -> list[dict[str, Any]]:
+    """Other queues with the same sizes, one at a time, after all of our workloads."""
+    return peers.measure_all(
+        peers.PeerPlan(
+            workloads=plan.workloads,
+            single=plan.single,
+            tasks=plan.tasks,
+            latency_tasks=plan.latency_tasks,
+            latency_rate=plan.latency_rate,
+            processes=plan.processes,
+        ),
+        progress,
+    )
+
+
 def table_rows(postgres: dict[str, Series], sqlite: dict[str, Series]) -> list[Row]:
     rows = report.enqueue_rows(postgres.get("W1a"), postgres.get("W1b"))
     if "W2" in postgres:
@@ -272,9 +289,6 @@ def write_results(payload: dict[str, Any]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     plan, args = parse_args(argv)
-    if args.peers:
-        print("peers are not implemented yet")
-        return 0
     started = time.monotonic()
     progress(f"plan: {plan}")
     reset_postgres()
@@ -283,8 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     sqlite = measure_sqlite(plan) if plan.sqlite else {}
     profile = profile_drain(plan) if plan.profile else None
     meta["loadavg_end"] = os.getloadavg()
+    peer_results = measure_peers(plan) if args.peers else None
+    if peer_results is not None:
+        meta["loadavg_after_peers"] = os.getloadavg()
     meta["seconds"] = time.monotonic() - started
     rows = table_rows(postgres, sqlite)
+    if peer_results is not None:
+        peers.attach_comparisons(peer_results, postgres)
+        rows += peers.table_rows(peer_results)
     print(
         f"django-tasks-plus bench: {meta['commit'][:10]}{' (dirty)' if meta['dirty'] else ''}, "
         f"PostgreSQL {meta['postgresql']['server_version']}, {meta['cpus']} CPUs, "
@@ -292,19 +312,22 @@ def main(argv: list[str] | None = None) -> int:
         f"medians of {plan.runs} run(s) for W1/W2, 1 for W3/W4"
     )
     print(report.render(rows))
+    if peer_results is not None:
+        print(peers.NOTE)
     if profile is not None:
         print()
         print(pyspy.render(profile) if "samples" in profile else profile["skipped"])
-    path = write_results(
-        {
-            "meta": meta,
-            "plan": plan.__dict__,
-            "postgresql": {name: entry.to_json() for name, entry in postgres.items()},
-            "sqlite": {name: entry.to_json() for name, entry in sqlite.items()},
-            "table": [row.__dict__ for row in rows],
-            "profile": profile,
-        }
-    )
+    payload: dict[str, Any] = {
+        "meta": meta,
+        "plan": plan.__dict__,
+        "postgresql": {name: entry.to_json() for name, entry in postgres.items()},
+        "sqlite": {name: entry.to_json() for name, entry in sqlite.items()},
+        "table": [row.__dict__ for row in rows],
+        "profile": profile,
+    }
+    if peer_results is not None:
+        payload["peers"] = peer_results
+    path = write_results(payload)
     print(f"\nresults: {path.relative_to(REPO)} ({meta['seconds']:.0f} s)")
     return 0
 
