@@ -30,7 +30,7 @@ from .exceptions import (
     TaskNotRegistered,
 )
 from .lifecycle import error_record
-from .results import make_result, result_from_record
+from .results import clone_result, make_result, result_from_record
 from .retry import RetryPolicy
 
 
@@ -121,7 +121,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
             raise DatabaseUnavailable(
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
             ) from exc
-        results = [self._new_result(task, envelope, now) for envelope in envelopes]
+        results = self._new_results(task, envelopes, now)
         # Listeners hear of the tasks only once they exist for everyone else too.
         transaction.on_commit(partial(self._announce_enqueued, results), using=database)
         return results
@@ -174,6 +174,21 @@ class DatabaseBackend(compat.BaseTaskBackend):
                     limit=limit,
                     depth=depth,
                 )
+
+    def _new_results(
+        self, task: compat.Task, envelopes: Sequence[Envelope], now: datetime
+    ) -> list[compat.TaskResult]:
+        """One READY result per envelope; all rows of a batch share task, queue and times."""
+        first = self._new_result(task, envelopes[0], now)
+        return [first] + [
+            clone_result(
+                first,
+                id=str(envelope.id),
+                args=envelope.shown_args,
+                kwargs=envelope.shown_kwargs,
+            )
+            for envelope in envelopes[1:]
+        ]
 
     def _new_result(
         self, task: compat.Task, envelope: Envelope, now: datetime

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from . import compat
@@ -82,6 +83,41 @@ def make_result(
     )
     object.__setattr__(result, "_return_value", return_value)
     return result
+
+
+def clone_result(
+    template: compat.TaskResult, *, id: str, args: list[Any], kwargs: dict[str, Any]
+) -> compat.TaskResult:
+    """A result like ``template`` (same task, status and times) with another id and call.
+
+    Skips the dataclass ``__init__``/``__post_init__``, whose JSON normalisation of the
+    arguments is a no-op here (they are display-ready JSON already): for ``enqueue_many``
+    of thousands of tasks, building results was the largest cost after encoding.
+    """
+    cls = type(template)
+    names = _slot_names(cls)
+    if names is None:  # not a slots dataclass: take the documented road
+        return dataclasses.replace(template, id=id, args=args, kwargs=kwargs)
+    clone = object.__new__(cls)
+    for name in names:
+        object.__setattr__(clone, name, getattr(template, name))
+    object.__setattr__(clone, "id", id)
+    object.__setattr__(clone, "args", args)
+    object.__setattr__(clone, "kwargs", kwargs)
+    object.__setattr__(clone, "errors", [])  # never share the mutable lists
+    object.__setattr__(clone, "worker_ids", [])
+    return clone
+
+
+@lru_cache(maxsize=4)
+def _slot_names(cls: type) -> tuple[str, ...] | None:
+    if "__dict__" in dir(cls) or not hasattr(cls, "__slots__"):
+        return None
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return tuple(name for name in names if not name.startswith("__"))
 
 
 def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:

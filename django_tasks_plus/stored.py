@@ -46,7 +46,7 @@ def parse_column(value: Any) -> Any:
 def worker_id_list(value: Any) -> tuple[str, ...]:
     """The ``worker_ids`` column as a tuple of ids; a corrupt value reads as none."""
     value = parse_column(value)
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
         return tuple(value)
     return ()
 
@@ -56,7 +56,7 @@ def error_list(value: Any) -> tuple[Mapping[str, Any], ...]:
     value = parse_column(value)
     if value is None:
         return ()
-    if isinstance(value, list) and all(isinstance(item, Mapping) for item in value):
+    if isinstance(value, list | tuple) and all(isinstance(item, Mapping) for item in value):
         return tuple(value)
     text = value.text if isinstance(value, CorruptJson) else repr(value)
     if len(text) > _KEPT_TEXT_LIMIT:

@@ -67,7 +67,7 @@ def always_fails(message: str) -> None:
 def succeeds_on_third(context) -> list[int]:  # type: ignore[no-untyped-def]
     if context.attempt < 3:
         raise RuntimeError(f"attempt {context.attempt} fails")
-    return [context.attempt, len(context.task_result.worker_ids)]
+    return [context.attempt, len(context.task_result.worker_ids), len(context.task_result.errors)]
 
 
 @task(takes_context=True, retry=NO_WAIT)

@@ -49,6 +49,21 @@ def test_enqueue_writes_one_ready_row():
     assert record.run_after == record.enqueued_at
     assert result.status == TaskResultStatus.READY
     assert result.args == [1, "two", [3, 4]]
+    assert result.errors == []
+    assert result.worker_ids == []
+
+
+def test_enqueue_many_results_match_their_rows():
+    results = tasks.echo.enqueue_many([((n,), {"k": n}) for n in range(3)])
+    assert len({result.id for result in results}) == 3
+    for n, result in enumerate(results):
+        assert (result.args, result.kwargs) == ([n], {"k": n})
+        assert result.errors == [] and result.worker_ids == []
+        assert result.task.queue_name == "other"
+        stored = task_backends["default"].get_result(result.id)
+        assert (stored.args, stored.kwargs, stored.status) == (result.args, result.kwargs, "READY")
+    results[0].errors.append("x")  # each result owns its lists
+    assert results[1].errors == []
 
 
 def test_get_result_and_refresh_read_the_row():

@@ -50,7 +50,7 @@ def test_context_attempt_counts_across_retries(run_worker):
 
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.return_value == [3, 3]
+    assert result.return_value == [3, 3, 2]  # the context sees the two earlier failures
     assert [e.traceback.strip().splitlines()[-1] for e in result.errors] == [
         "RuntimeError: attempt 1 fails",
         "RuntimeError: attempt 2 fails",
