@@ -306,7 +306,11 @@ def test_ordering_across_four_processes(run_worker, steps):
             calls.append((key, n))
     for key, n in calls:
         tasks.step.using(ordering_key=key).enqueue(key, n)
-    proc = run_worker("--burst", "--processes", "4", "--concurrency", "8", timeout=300)
+    # A small fixed prefetch spreads the keys over all four processes (adaptive prefetch
+    # would let the first process to start claim most of this short backlog).
+    proc = run_worker(
+        "--burst", "--processes", "4", "--concurrency", "8", "--prefetch", "2", timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     for key in keys:
         _assert_one_at_a_time_in_order(key, 40)
