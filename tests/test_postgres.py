@@ -32,7 +32,10 @@ def test_four_processes_run_every_task_exactly_once(run_worker, ledger):
     count = 2000
     for n in range(count):
         tasks.record.enqueue(n)
-    proc = run_worker("--burst", "--processes", "4", "--concurrency", "4", timeout=300)
+    # A small fixed prefetch makes all four processes take part (see the last assert).
+    proc = run_worker(
+        "--burst", "--processes", "4", "--concurrency", "4", "--prefetch", "4", timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
 
     with connection.cursor() as cursor:
