@@ -21,7 +21,7 @@ from . import compat
 from .conf import BackendSettings, parse_settings
 from .db import UnsupportedDatabase, dialect_for
 from .definition import Task, resolve_task, validate_task_options
-from .envelope import Envelope, build_envelope
+from .envelope import Envelope, build_envelopes
 from .exceptions import (
     Cancelled,
     DatabaseUnavailable,
@@ -95,10 +95,12 @@ class DatabaseBackend(compat.BaseTaskBackend):
         """
         self.validate_task(task)
         now = timezone.now()
-        envelopes = [
-            build_envelope(self.settings, task, *_split_call(call, index), now=now)
-            for index, call in enumerate(calls)
-        ]
+        envelopes = build_envelopes(
+            self.settings,
+            task,
+            (_split_call(call, index) for index, call in enumerate(calls)),
+            now=now,
+        )
         if not envelopes:
             return []
         database = self.settings.database

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -79,42 +79,22 @@ def _payload(
     return (), schema.validate(payload)
 
 
-def build_envelope(
+def build_envelopes(
     settings: BackendSettings,
     task: compat.Task,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
+    calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
     *,
     now: datetime,
-) -> Envelope:
-    """Validate and encode one call; raise a typed error before anything is written."""
-    stored_args, stored_kwargs = _payload(task, args, kwargs)
-    try:
-        encoded_args, encoded_kwargs = encode_call(stored_args, stored_kwargs)
-    except EncodeError as exc:
-        raise InvalidTaskArguments(
-            f"Cannot enqueue {task.module_path}: {exc}", field_path=exc.field_path
-        ) from exc
-    args_text, kwargs_text = dumps(encoded_args), dumps(encoded_kwargs)
-    limit = settings.max_payload_bytes
-    if limit is not None:
-        size = len(args_text.encode()) + len(kwargs_text.encode())
-        if size > limit:
-            raise PayloadTooLarge(
-                f"Cannot enqueue {task.module_path}: its encoded arguments are {size:,} bytes, "
-                f"over the limit of {limit:,} (OPTIONS['MAX_PAYLOAD_BYTES']).",
-                limit=limit,
-                size=size,
-            )
-    task_id = uuid.uuid4()
-    values = {
-        "id": task_id,
+) -> list[Envelope]:
+    """Validate and encode every call; raise a typed error before anything is written.
+
+    The columns every row of the batch shares are worked out once, not per call.
+    """
+    shared = {
         "task_path": task.module_path,
         "backend_name": settings.alias,
         "queue_name": resolve_queue(settings, task),
         "priority": task.priority,
-        "args": JsonText(args_text),
-        "kwargs": JsonText(kwargs_text),
         "status": compat.TaskResultStatus.READY.value,
         "run_after": task.run_after or now,
         "attempt": 0,
@@ -127,5 +107,37 @@ def build_envelope(
         "dedup_key": getattr(task, "dedup_key", None),
         "cancel_requested": False,
     }
+    limit = settings.max_payload_bytes
+    return [_envelope(task, shared, limit, args, kwargs) for args, kwargs in calls]
+
+
+def _envelope(
+    task: compat.Task,
+    shared: dict[str, Any],
+    limit: int | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> Envelope:
+    stored_args, stored_kwargs = _payload(task, args, kwargs)
+    try:
+        encoded_args, encoded_kwargs = encode_call(stored_args, stored_kwargs)
+    except EncodeError as exc:
+        raise InvalidTaskArguments(
+            f"Cannot enqueue {task.module_path}: {exc}", field_path=exc.field_path
+        ) from exc
+    args_text = dumps(encoded_args)
+    kwargs_text = dumps(encoded_kwargs) if encoded_kwargs else "{}"
+    if limit is not None:
+        size = len(args_text.encode()) + len(kwargs_text.encode())
+        if size > limit:
+            raise PayloadTooLarge(
+                f"Cannot enqueue {task.module_path}: its encoded arguments are {size:,} bytes, "
+                f"over the limit of {limit:,} (OPTIONS['MAX_PAYLOAD_BYTES']).",
+                limit=limit,
+                size=size,
+            )
+    task_id = uuid.uuid4()
+    values = {"id": task_id, **shared, "args": JsonText(args_text)}
+    values["kwargs"] = JsonText(kwargs_text)
     shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs)
     return Envelope(task_id, values, shown_args, shown_kwargs)
