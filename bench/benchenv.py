@@ -178,3 +178,13 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
             return True
         time.sleep(interval)
     return False
+
+
+def paced(count: int, rate: float, action: Callable[[int], None]) -> None:
+    """Call ``action(i)`` ``count`` times on a fixed schedule of ``rate`` per second."""
+    origin = time.perf_counter()
+    for i in range(count):
+        delay = origin + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        action(i)

@@ -28,6 +28,7 @@ django.setup()
 from benchenv import (  # noqa: E402
     TreeRssSampler,
     machine_cpu,
+    paced,
     percentile,
     runtasks_command,
     wait_until,
@@ -299,16 +300,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def _paced(count: int, rate: float, action: Callable[[int], None]) -> None:
-    """Call ``action(i)`` ``count`` times on a fixed schedule of ``rate`` per second."""
-    origin = time.perf_counter()
-    for i in range(count):
-        delay = origin + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        action(i)
-
-
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     """Enqueue-to-start latency against an idle worker, at a steady trickle."""
     empty_tables()
@@ -322,7 +313,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         enqueue_seconds.append(time.time() - sent)
 
     try:
-        _paced(args.tasks, args.rate, send)
+        paced(args.tasks, args.rate, send)
         done = TaskRecord.objects.filter(status="SUCCESSFUL", task_path=stamp.module_path)
         finished = wait_until(lambda: done.count() >= args.tasks, timeout=60, interval=0.1)
     finally:

@@ -17,6 +17,7 @@ import django
 django.setup()
 
 import peerkit  # noqa: E402
+from benchenv import paced  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.db.models import Max, Min  # noqa: E402
@@ -96,7 +97,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         workers.start(WORKER, args.processes)
         time.sleep(3.0)  # no registration to wait for: start-up plus the random start delay
         workers.check_alive()
-        peerkit.paced(args.tasks, args.rate, send)
+        paced(args.tasks, args.rate, send)
         peerkit.wait_done(workers, lambda: done.count() >= args.tasks, 60, "latency tasks")
     delays = [
         (started - call["args"][0]) * 1000

@@ -94,16 +94,6 @@ def wait_done(
         raise RuntimeError(f"{what} not done after {timeout:.0f} s: {workers.log_tail()}")
 
 
-def paced(count: int, rate: float, action: Callable[[int], None]) -> None:
-    """Call ``action(i)`` ``count`` times on a fixed schedule of ``rate`` per second."""
-    origin = time.perf_counter()
-    for i in range(count):
-        delay = origin + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        action(i)
-
-
 def timed(count: int, action: Callable[[], None]) -> dict[str, float]:
     """Rate of one timed block that handles ``count`` tasks."""
     started = time.perf_counter()

@@ -15,6 +15,7 @@ from typing import Any
 
 import peerkit
 import psycopg
+from benchenv import paced
 from procrastinate_tasks import DSN, LATENCY_TABLE, add, app, stamp
 
 # The peer's own worker command with its defaults; logging at WARNING as for our runtasks
@@ -116,7 +117,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             workers, lambda: sql(registered)[0][0] >= args.processes, 60, "worker start"
         )
         time.sleep(1.0)
-        peerkit.paced(args.tasks, args.rate, send)
+        paced(args.tasks, args.rate, send)
         peerkit.wait_done(workers, lambda: stamped() >= args.tasks, 60, "latency tasks")
     rows = sql(f"SELECT (started - sent) * 1000 FROM {LATENCY_TABLE}")
     return peerkit.latency_figures([row[0] for row in rows], enqueue_seconds)
