@@ -180,3 +180,14 @@ def test_get_result_for_a_row_naming_a_removed_task():
 def test_result_ids_are_uuids():
     result = tasks.add.enqueue(1, 2)
     assert str(uuid.UUID(result.id)) == result.id
+
+
+def test_task_ids_are_random_version_4_uuids():
+    from django_tasks_plus.envelope import new_task_ids
+
+    ids = new_task_ids(5000)
+    assert len(set(ids)) == 5000
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+    assert new_task_ids(0) == []
