@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -188,3 +189,16 @@ def paced(count: int, rate: float, action: Callable[[int], None]) -> None:
         if delay > 0:
             time.sleep(delay)
         action(i)
+
+
+def latency_figures(delays_ms: Iterable[float], enqueue_seconds: list[float]) -> dict[str, Any]:
+    """W3's result keys, for our driver and the peers' alike."""
+    delays = sorted(delays_ms)
+    return {
+        "p50_ms": percentile(delays, 0.50),
+        "p95_ms": percentile(delays, 0.95),
+        "p99_ms": percentile(delays, 0.99),
+        "max_ms": delays[-1],
+        "mean_enqueue_ms": sum(enqueue_seconds) / len(enqueue_seconds) * 1000,
+        "tasks": len(delays),
+    }

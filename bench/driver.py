@@ -27,9 +27,9 @@ django.setup()
 
 from benchenv import (  # noqa: E402
     TreeRssSampler,
+    latency_figures,
     machine_cpu,
     paced,
-    percentile,
     runtasks_command,
     wait_until,
 )
@@ -320,17 +320,10 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         _stop(worker)
     if not finished:
         raise RuntimeError(f"only {done.count()} of {args.tasks} latency tasks finished")
-    delays = sorted(
+    delays = (
         (started - call[0]) * 1000 for call, started in done.values_list("args", "return_value")
     )
-    return {
-        "p50_ms": percentile(delays, 0.50),
-        "p95_ms": percentile(delays, 0.95),
-        "p99_ms": percentile(delays, 0.99),
-        "max_ms": delays[-1],
-        "mean_enqueue_ms": sum(enqueue_seconds) / len(enqueue_seconds) * 1000,
-        "tasks": len(delays),
-    }
+    return latency_figures(delays, enqueue_seconds)
 
 
 WORKLOADS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

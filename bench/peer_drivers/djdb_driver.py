@@ -17,7 +17,7 @@ import django
 django.setup()
 
 import peerkit  # noqa: E402
-from benchenv import paced  # noqa: E402
+from benchenv import latency_figures, paced  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.db.models import Max, Min  # noqa: E402
@@ -103,7 +103,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         (started - call["args"][0]) * 1000
         for call, started in done.values_list("args_kwargs", "return_value")
     ]
-    return peerkit.latency_figures(delays, enqueue_seconds)
+    return latency_figures(delays, enqueue_seconds)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchenv import percentile, wait_until
+from benchenv import wait_until
 
 Workload = Callable[[argparse.Namespace], dict[str, Any]]
 
@@ -108,18 +108,6 @@ def drain_figures(count: int, wall: float, span: float | None) -> dict[str, Any]
     if span and span > 0:
         result.update(rate=count / span, steady_seconds=span)
     return result
-
-
-def latency_figures(delays_ms: list[float], enqueue_seconds: list[float]) -> dict[str, Any]:
-    delays = sorted(delays_ms)
-    return {
-        "p50_ms": percentile(delays, 0.50),
-        "p95_ms": percentile(delays, 0.95),
-        "p99_ms": percentile(delays, 0.99),
-        "max_ms": delays[-1],
-        "mean_enqueue_ms": sum(enqueue_seconds) / len(enqueue_seconds) * 1000,
-        "tasks": len(delays),
-    }
 
 
 def main(workloads: dict[str, Workload], description: str) -> None:

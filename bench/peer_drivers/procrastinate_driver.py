@@ -15,7 +15,7 @@ from typing import Any
 
 import peerkit
 import psycopg
-from benchenv import paced
+from benchenv import latency_figures, paced
 from procrastinate_tasks import DSN, LATENCY_TABLE, add, app, stamp
 
 # The peer's own worker command with its defaults; logging at WARNING as for our runtasks
@@ -120,7 +120,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         paced(args.tasks, args.rate, send)
         peerkit.wait_done(workers, lambda: stamped() >= args.tasks, 60, "latency tasks")
     rows = sql(f"SELECT (started - sent) * 1000 FROM {LATENCY_TABLE}")
-    return peerkit.latency_figures([row[0] for row in rows], enqueue_seconds)
+    return latency_figures([row[0] for row in rows], enqueue_seconds)
 
 
 if __name__ == "__main__":
