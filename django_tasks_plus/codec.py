@@ -51,12 +51,9 @@ _SUPPORTED = (
 FieldPath = tuple[str | int, ...]
 
 
-class EncodeError(TypeError):
-    """A value that cannot be stored.
-
-    ``path`` says where it sits as text (``args[0]['when']``), ``field_path`` as data
-    (``('args', 0, 'when')``).
-    """
+class _Located(Exception):
+    """A problem at a place in a value: ``path`` as text (``args[0]['when']``),
+    ``field_path`` as data (``('args', 0, 'when')``)."""
 
     def __init__(self, path: str, problem: str, field_path: FieldPath = ()) -> None:
         super().__init__(f"{path} {problem}")
@@ -65,14 +62,12 @@ class EncodeError(TypeError):
         self.field_path = field_path or (path,)
 
 
-class DecodeError(ValueError):
-    """Stored data that is not a valid encoding; ``path`` says where it sits."""
+class EncodeError(_Located, TypeError):
+    """A value that cannot be stored."""
 
-    def __init__(self, path: str, problem: str, field_path: FieldPath = ()) -> None:
-        super().__init__(f"{path} {problem}")
-        self.path = path
-        self.problem = problem
-        self.field_path = field_path or (path,)
+
+class DecodeError(_Located, ValueError):
+    """Stored data that is not a valid encoding."""
 
 
 class _Refused(Exception):
@@ -595,7 +590,7 @@ _C_ENCODE = _c_encoder()
 
 def dumps(value: JsonValue) -> str:
     """Compact JSON text of an already-converted value."""
-    if type(value) is str or _C_ENCODE is None:
+    if _C_ENCODE is None:
         return _ENCODER.encode(value)
     return _C_ENCODE(value)
 

@@ -3,8 +3,8 @@
 Django's psycopg backend binds parameters on the client by default: every execution
 re-parses the SQL text for placeholders and quotes each value into it. For the claim and
 the batched completions, that was about a sixth of a worker's CPU. Here the SQL text is
-fixed (batches travel as a few array parameters, not as one placeholder per value), so
-psycopg's placeholder cache applies and values are sent separately, with their types.
+fixed (a batch of outcomes travels as one JSON parameter, not as one placeholder per
+value), so psycopg's placeholder cache applies and values are sent separately.
 If the project sets ``OPTIONS["prepare_threshold"]``, psycopg also prepares them.
 
 The statements still run on Django's connection, inside its transaction management, and

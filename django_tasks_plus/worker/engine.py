@@ -242,7 +242,7 @@ class Worker:
                 return
             if claimed:
                 backoff.reset()  # work is flowing: poll soon again
-                if self._free_slots() > 0:
+                if self._free_slots(self._capacity()) > 0:
                     continue
             self.wakeup.wait(backoff.next())
 
@@ -252,8 +252,12 @@ class Worker:
             return self.config.prefetch
         return adaptive_prefetch(self.config.concurrency, self.config.prefetch, self._run_seconds)
 
-    def _free_slots(self) -> int:
-        free = self.config.concurrency + self._prefetch() - len(self._leased)
+    def _capacity(self) -> int:
+        """Tasks this process may hold at once: its threads' plus the prefetch."""
+        return self.config.concurrency + self._prefetch()
+
+    def _free_slots(self, capacity: int) -> int:
+        free = capacity - len(self._leased)
         if self.config.max_tasks is not None:
             free = min(free, self.config.max_tasks - self._claimed_total)
         return max(0, free)
@@ -263,12 +267,12 @@ class Worker:
         return max_tasks is not None and self._claimed_total >= max_tasks and not self._leased
 
     def _claim(self) -> int:
-        free = self._free_slots()
+        capacity = self._capacity()
+        free = self._free_slots(capacity)
         if free <= 0:
             return 0
         waiting = sum(group.doer.waiting for group in self.groups)
-        batch_floor = max(1, (self.config.concurrency + self._prefetch()) // 2)
-        if waiting and free < batch_floor:
+        if waiting and free < max(1, capacity // 2):
             # Work is still queued in-process: wait until a worthwhile batch is free
             # rather than paying one claim round trip per finished task.
             return 0
