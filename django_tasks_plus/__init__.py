@@ -16,6 +16,7 @@ from .exceptions import (
     InvalidTaskArguments,
     InvalidTaskOptions,
     LeaseExpired,
+    OutcomeNotStorable,
     PayloadTooLarge,
     QueueFull,
     ReturnValueNotSerializable,
@@ -23,9 +24,17 @@ from .exceptions import (
     TaskNotRegistered,
     TasksPlusError,
     TaskTimeout,
+    TransactionLeaked,
     UnsupportedDatabase,
 )
-from .operations import aenqueue_many, cancel, discard, enqueue_many, redrive
+from .operations import (
+    aenqueue_many,
+    cancel,
+    discard,
+    enqueue_many,
+    prune_dedup_keys,
+    redrive,
+)
 from .retry import ExponentialBackoff, RetryPolicy, exponential_backoff, no_retry
 
 __version__ = "0.1.0"
@@ -41,6 +50,7 @@ __all__ = [
     "InvalidTaskArguments",
     "InvalidTaskOptions",
     "LeaseExpired",
+    "OutcomeNotStorable",
     "PayloadTooLarge",
     "QueueFull",
     "RetryPolicy",
@@ -53,6 +63,7 @@ __all__ = [
     "TaskResultStatus",
     "TaskTimeout",
     "TasksPlusError",
+    "TransactionLeaked",
     "UnsupportedDatabase",
     "aenqueue_many",
     "cancel",
@@ -60,6 +71,7 @@ __all__ = [
     "enqueue_many",
     "exponential_backoff",
     "no_retry",
+    "prune_dedup_keys",
     "redrive",
     "task",
 ]

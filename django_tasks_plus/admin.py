@@ -35,6 +35,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids")
+
+
 def _has_task_permission(request: HttpRequest, codename: str) -> bool:
     return request.user.has_perm(f"{TaskRecord._meta.app_label}.{codename}")
 
@@ -57,6 +60,17 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     date_hierarchy = "enqueued_at"
     ordering = ("-enqueued_at",)
     show_full_result_count = False  # COUNT(*) over a large queue is slow
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskRecord]:
+        """The task list shows no JSON column: it does not load (or parse) them. That keeps
+        the page fast, and one hostile row (JSON nested deeper than Python's parser goes)
+        cannot make the whole list fail."""
+        queryset = super().get_queryset(request)
+        match = getattr(request, "resolver_match", None)
+        if match is not None and (match.url_name or "").endswith("_changelist"):
+            queryset = queryset.defer(*_JSON_COLUMNS)
+        return queryset
+
     fieldsets = (
         (None, {"fields": ("id", "task_path", "backend_name", "queue_name", "priority", "status")}),
         ("Call", {"fields": ("args", "kwargs", "return_value")}),

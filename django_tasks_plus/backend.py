@@ -14,23 +14,25 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from . import compat
-from .conf import BackendSettings, parse_settings
+from .conf import BackendSettings, parse_settings, queue_name_problem
 from .db import UnsupportedDatabase, dialect_for
 from .definition import Task, resolve_task, validate_task_options
 from .envelope import Envelope, build_envelopes
 from .exceptions import (
     Cancelled,
     DatabaseUnavailable,
+    InvalidBackendOptions,
     InvalidTaskArguments,
+    InvalidTaskOptions,
     QueueFull,
     TaskNotRegistered,
 )
 from .lifecycle import error_record
-from .results import clone_result, make_result, result_from_record
+from .results import clone_result, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
 
 
@@ -68,11 +70,21 @@ class DatabaseBackend(compat.BaseTaskBackend):
     # -- definition time ---------------------------------------------------------------
 
     def validate_task(self, task: compat.Task) -> None:
-        if task.queue_name not in self.queues and self.settings.queue_resolution == "fallback":
+        """Django's rules (a queue not in ``QUEUES`` is ``InvalidTask``), then our own.
+
+        Only ``QUEUE_RESOLUTION="fallback"`` lets an unserved queue through; the task's
+        rows then go to the fallback queue.
+        """
+        served = self.settings.serves(task.queue_name)
+        if not served and self.settings.queue_resolution == "fallback":
             # Validate everything else as if it named the fallback queue; rows go there.
             dataclasses.replace(task, queue_name=self.settings.fallback_queue)
             return
         super().validate_task(task)
+        if not self.settings.queues:  # any name is valid (Django), if the column can hold it
+            problem = queue_name_problem(task.queue_name)
+            if problem:
+                raise InvalidTaskOptions(f"Queue {task.queue_name!r} is not valid: {problem}")
         if isinstance(task, Task):
             validate_task_options(task)
 
@@ -94,6 +106,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
         inserted and the results of the tasks holding it are returned instead.
         """
         self.validate_task(task)
+        self._require_app()
         now = timezone.now()
         envelopes = build_envelopes(
             self.settings,
@@ -119,7 +132,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
                     [envelope.values for envelope in envelopes],
                     notify=self.settings.notify,
                 )
-        except (OperationalError, InterfaceError) as exc:
+        except DatabaseError as exc:
+            if not _connection_lost(connection, exc):
+                raise
             raise DatabaseUnavailable(
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
             ) from exc
@@ -226,6 +241,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
         return result_from_record(task, record)
 
     def _record(self, result_id: str) -> Any:
+        self._require_app()
         from .models import TaskRecord  # not at import: keeps check E001 reachable
 
         try:
@@ -238,6 +254,8 @@ class DatabaseBackend(compat.BaseTaskBackend):
             )
         except TaskRecord.DoesNotExist as exc:
             raise compat.TaskResultDoesNotExist(result_id) from exc
+        except RecursionError:  # a JSON column too deep for Python's parser
+            raise unreadable_record(self.settings.database, str(pk)) from None
 
     # -- operations ---------------------------------------------------------------------
 
@@ -292,7 +310,25 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
     # -- checks -------------------------------------------------------------------------
 
+    def _require_app(self) -> None:
+        """Refuse to touch the tables when the app that owns them is not installed.
+
+        Without this, Django's ``RuntimeError`` about the model's ``app_label`` is what a
+        user who forgot ``INSTALLED_APPS`` would see, which does not say what to do.
+        """
+        # The label lookup is the fast path (every enqueue passes here); is_installed()
+        # also finds the app under a custom label.
+        if "django_tasks_plus" not in apps.app_configs and not apps.is_installed(
+            "django_tasks_plus"
+        ):
+            raise InvalidBackendOptions(
+                f"TASKS[{self.alias!r}] uses DatabaseBackend, but 'django_tasks_plus' is not in "
+                "INSTALLED_APPS: add 'django_tasks_plus' to INSTALLED_APPS and run migrate."
+            )
+
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Run by Django's task-backend check (``django.tasks.checks`` on Django 6, the
+        backport's on 5.2), which Django registers when the tasks framework is imported."""
         errors: list[checks.CheckMessage] = list(super().check(**kwargs))
         if not apps.is_installed("django_tasks_plus"):
             errors.append(
@@ -322,6 +358,20 @@ class DatabaseBackend(compat.BaseTaskBackend):
         for problem in dialect.check(connections[database]):
             errors.append(checks.Error(problem, id="django_tasks_plus.E004"))
         return errors
+
+
+def _connection_lost(connection: Any, exc: DatabaseError) -> bool:
+    """Whether ``exc`` means the database cannot be reached now, rather than a bad write.
+
+    ``OperationalError`` and ``InterfaceError`` are the DB-API's classes for that, but a
+    session the server ends can surface as another class (PostgreSQL's
+    ``idle_in_transaction_session_timeout`` arrives as an ``InternalError``), so a driver
+    connection left closed or broken (or already dropped by Django) counts too.
+    """
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
 
 
 def _split_call(call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]]:

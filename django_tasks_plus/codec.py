@@ -13,11 +13,17 @@ items, so decoding never mistakes user data for a tag.
 The rule is strict on purpose: a value that would not come back unchanged is refused at
 enqueue time, with the path of the offending value, instead of failing in a worker later.
 NaN/Infinity and NUL characters are refused because PostgreSQL's ``jsonb`` cannot hold
-them, and a queue should behave the same on every database. Subclasses of supported types
-(``IntEnum``, ``StrEnum``, ``OrderedDict``, named tuples...) are stored as their base type.
+them, and a queue should behave the same on every database. Text with a lone surrogate
+(``os.fsdecode(b"\\xff")``) is refused because it is not valid Unicode: no database can store
+it as UTF-8. Containers may nest at most ``MAX_DEPTH`` levels, and decoding enforces the
+same limit, so whatever ``enqueue()`` accepts a worker can read back, and a hostile row
+cannot exhaust a worker's stack. Subclasses of supported types (``IntEnum``, ``StrEnum``,
+``OrderedDict``, named tuples...) are stored as their base type.
 
 This code runs on every enqueue and every task run, so the common case (small containers of
-ints and strings) is handled by exact-type checks, and paths are only built on error.
+ints and strings) is handled by exact-type checks, and paths are only built on error. Lone
+surrogates are found on the JSON text (one ``isascii()`` per call for ASCII text), and only
+then located in the value.
 """
 
 from __future__ import annotations
@@ -40,11 +46,32 @@ TAG = "__dtp__"
 PAYLOAD = "v"
 """Key of a tag's payload."""
 
+MAX_DEPTH = 100
+"""The deepest nesting of containers (list, tuple, dict, set, frozenset) one value may have.
+
+``[[1]]`` is 2 levels; the outer ``args`` list and ``kwargs`` dict of a call do not count.
+Enforced the same way when encoding (at enqueue, and for return values) and when decoding
+(in the worker), so a value ``enqueue()`` accepts can always be read back. 100 is far more
+than real task arguments need, and leaves a wide margin on any thread: walking 100 levels
+takes at most about 400 Python frames (Python stops at 1,000), and their stored JSON is
+at most about 300 levels deep (a tagged tuple or set adds one level, an escaped dict two),
+where Python's JSON parser stops near 1,000 (3.11) to 1,500 (3.12+).
+"""
+
 _NUL = "contains a NUL character, which databases cannot store."
 _SUPPORTED = (
     "None, bool, int, float, str, list, tuple, dict, set, frozenset, bytes, "
     "datetime.datetime, datetime.date, datetime.time, datetime.timedelta, "
     "decimal.Decimal, uuid.UUID"
+)
+_TOO_DEEP = "is nested too deeply (or contains itself)."
+_TOO_DEEP_TO_STORE = (
+    f"is nested too deeply: more than {MAX_DEPTH} levels of lists, tuples, dicts and sets "
+    "(or it contains itself). Pass flatter data, or store it elsewhere and pass a reference."
+)
+_TOO_DEEP_STORED = (
+    f"is nested too deeply: more than {MAX_DEPTH} levels of lists and objects, which no "
+    "enqueue writes."
 )
 
 
@@ -82,11 +109,24 @@ class _Refused(Exception):
         self.keys: list[str | int] = []  # the same path as data, for ``field_path``
         # Set when a dict key (not its value) is the problem: that dict adds no "[key]".
         self.at_key = False
+        # Set for nesting that is too deep: the path then names only the argument (or the
+        # whole value), not a hundred levels of "[0]" (or an endless loop's worth).
+        self.whole_value = False
 
-    def within(self, key: str | int) -> None:
-        """Record that the problem sits under ``key`` of the enclosing container."""
+    def within(self, key: str | int, depth: int) -> None:
+        """Record that the problem sits under ``key`` of the enclosing container.
+
+        ``depth`` is that container's level: 0 for a call's ``args``/``kwargs``.
+        """
+        if self.whole_value and depth > 0:
+            return
         self.steps.append(f"[{key!r}]")
         self.keys.append(key)
+
+    def member(self) -> None:
+        """Record that the problem sits in a member of the enclosing set."""
+        if not self.whole_value:
+            self.steps.append(" member")
 
     def path(self, root: str) -> str:
         return root + "".join(reversed(self.steps))
@@ -95,14 +135,23 @@ class _Refused(Exception):
         return (root, *reversed(self.keys))
 
 
+def _too_deep(problem: str) -> _Refused:
+    refusal = _Refused(problem)
+    refusal.whole_value = True
+    return refusal
+
+
 def _tagged(name: str, payload: JsonValue) -> dict[str, JsonValue]:
     return {TAG: name, PAYLOAD: payload}
 
 
 # --------------------------------------------------------------------------- encoding
+#
+# ``depth`` is the level a value sits at if it is a container: 1 for an argument or a
+# return value itself, one more for each container around it. Only containers check it.
 
 
-def _encode(value: Any) -> JsonValue:
+def _encode(value: Any, depth: int) -> JsonValue:
     cls = type(value)
     if cls is str:
         if "\x00" in value:
@@ -111,16 +160,19 @@ def _encode(value: Any) -> JsonValue:
     if cls is int or cls is bool or value is None:
         return value
     if cls is list:
-        return _encode_items(value)
+        return _encode_items(value, depth)
     if cls is dict:
-        return _encode_dict(value)
+        return _encode_dict(value, depth)
     encoder = _ENCODERS.get(cls)
     if encoder is None:
         encoder = _encoder_for_subclass(cls)
-    return encoder(value)
+    return encoder(value, depth)
 
 
-def _encode_items(items: Iterable[Any]) -> list[JsonValue]:
+def _encode_items(items: Iterable[Any], depth: int) -> list[JsonValue]:
+    if depth > MAX_DEPTH:
+        raise _too_deep(_TOO_DEEP_TO_STORE)
+    inner = depth + 1
     out: list[JsonValue] = []
     append = out.append
     try:
@@ -133,14 +185,17 @@ def _encode_items(items: Iterable[Any]) -> list[JsonValue]:
             elif cls is int or cls is bool or item is None:
                 append(item)
             else:
-                append(_encode(item))
+                append(_encode(item, inner))
     except _Refused as exc:
-        exc.within(len(out))  # every earlier item was appended
+        exc.within(len(out), depth)  # every earlier item was appended
         raise
     return out
 
 
-def _encode_values(mapping: Mapping[Any, Any]) -> dict[str, JsonValue]:
+def _encode_values(mapping: Mapping[Any, Any], depth: int) -> dict[str, JsonValue]:
+    if depth > MAX_DEPTH:
+        raise _too_deep(_TOO_DEEP_TO_STORE)
+    inner = depth + 1
     out: dict[str, JsonValue] = {}
     try:
         for key, item in mapping.items():
@@ -156,12 +211,12 @@ def _encode_values(mapping: Mapping[Any, Any]) -> dict[str, JsonValue]:
             elif cls is int or cls is bool or item is None:
                 out[key] = item
             else:
-                out[key] = _encode(item)
+                out[key] = _encode(item, inner)
     except _Refused as exc:
         if exc.at_key:
             exc.at_key = False
         else:
-            exc.within(key)
+            exc.within(key, depth)
         raise
     return out
 
@@ -178,31 +233,34 @@ def _key_refusal(problem: str, step: str | None = None) -> _Refused:
     return refusal
 
 
-def _encode_dict(mapping: Mapping[Any, Any]) -> JsonValue:
-    out = _encode_values(mapping)
+def _encode_dict(mapping: Mapping[Any, Any], depth: int) -> JsonValue:
+    out = _encode_values(mapping, depth)
     if TAG in out:  # user data that looks like a tag: store its items instead
         return _tagged("dict", [[key, item] for key, item in out.items()])
     return out
 
 
-def _encode_float(value: float) -> float:
+def _encode_float(value: float, depth: int) -> float:
     if not math.isfinite(value):
         raise _Refused(f"is {value!r}; only finite numbers can be stored.")
     return float.__float__(value)
 
 
-def _encode_str(value: str) -> str:
-    return _encode(str.__str__(value))  # type: ignore[return-value]
+def _encode_str(value: str, depth: int) -> str:
+    return _encode(str.__str__(value), depth)  # type: ignore[return-value]
 
 
-def _encode_set(name: str) -> Callable[[Any], JsonValue]:
-    def encode(members: Iterable[Any]) -> JsonValue:
+def _encode_set(name: str) -> Callable[[Any, int], JsonValue]:
+    def encode(members: Iterable[Any], depth: int) -> JsonValue:
+        if depth > MAX_DEPTH:
+            raise _too_deep(_TOO_DEEP_TO_STORE)
+        inner = depth + 1
         encoded: list[JsonValue] = []
         try:
             for member in members:
-                encoded.append(_encode(member))
+                encoded.append(_encode(member, inner))
         except _Refused as exc:
-            exc.steps.append(" member")
+            exc.member()
             raise
         encoded.sort(key=dumps)  # sets have no order; make the stored text deterministic
         return _tagged(name, encoded)
@@ -210,37 +268,38 @@ def _encode_set(name: str) -> Callable[[Any], JsonValue]:
     return encode
 
 
-def _encode_decimal(value: decimal.Decimal) -> JsonValue:
+def _encode_decimal(value: decimal.Decimal, depth: int) -> JsonValue:
     if not value.is_finite():
         raise _Refused(f"is Decimal({str(value)!r}); only finite numbers can be stored.")
     return _tagged("decimal", decimal.Decimal.__str__(value))
 
 
-_ENCODERS: dict[type, Callable[[Any], JsonValue]] = {
+_ENCODERS: dict[type, Callable[[Any, int], JsonValue]] = {
     # Exact types are looked up directly; subclasses find their base through the MRO.
+    # Each takes the value and its depth; only containers use the depth.
     str: _encode_str,
-    int: int.__int__,
-    bool: bool,
-    type(None): lambda value: None,
+    int: lambda value, _depth: int.__int__(value),
+    bool: lambda value, _depth: bool(value),
+    type(None): lambda value, _depth: None,
     float: _encode_float,
     list: _encode_items,
     dict: _encode_dict,
-    tuple: lambda value: _tagged("tuple", _encode_items(value)),
+    tuple: lambda value, depth: _tagged("tuple", _encode_items(value, depth)),
     set: _encode_set("set"),
     frozenset: _encode_set("frozenset"),
-    bytes: lambda value: _tagged("bytes", base64.b64encode(value).decode("ascii")),
-    dt.datetime: lambda value: _tagged("datetime", dt.datetime.isoformat(value)),
-    dt.date: lambda value: _tagged("date", dt.date.isoformat(value)),
-    dt.time: lambda value: _tagged("time", dt.time.isoformat(value)),
-    dt.timedelta: lambda value: _tagged(
+    bytes: lambda value, _depth: _tagged("bytes", base64.b64encode(value).decode("ascii")),
+    dt.datetime: lambda value, _depth: _tagged("datetime", dt.datetime.isoformat(value)),
+    dt.date: lambda value, _depth: _tagged("date", dt.date.isoformat(value)),
+    dt.time: lambda value, _depth: _tagged("time", dt.time.isoformat(value)),
+    dt.timedelta: lambda value, _depth: _tagged(
         "timedelta", [value.days, value.seconds, value.microseconds]
     ),
     decimal.Decimal: _encode_decimal,
-    uuid.UUID: lambda value: _tagged("uuid", uuid.UUID.__str__(value)),
+    uuid.UUID: lambda value, _depth: _tagged("uuid", uuid.UUID.__str__(value)),
 }
 
 
-def _encoder_for_subclass(cls: type) -> Callable[[Any], JsonValue]:
+def _encoder_for_subclass(cls: type) -> Callable[[Any, int], JsonValue]:
     for base in cls.__mro__[1:]:
         encoder = _ENCODERS.get(base)
         if encoder is not None:
@@ -255,35 +314,135 @@ def _refusal_to_error(exc: _Refused, root: str) -> EncodeError:
     return EncodeError(exc.path(root), exc.problem, exc.field_path(root))
 
 
-_TOO_DEEP = "is nested too deeply (or contains itself)."
+# -- text that UTF-8 cannot encode (lone surrogates)
+#
+# Such text is rare, and the JSON text is built anyway, so it is looked for there: an
+# ASCII text (the usual case) costs one ``isascii()``. Only when the text cannot be
+# encoded is the value walked again to say where the bad string sits.
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_problem(text: str) -> str:
+    bad = next((char for char in text if "\ud800" <= char <= "\udfff"), "\udfff")
+    return (
+        f"contains the lone surrogate {bad!a}, which is not valid Unicode and cannot be "
+        "stored as UTF-8 (text decoded with os.fsdecode() or errors='surrogateescape' holds "
+        "such characters). Pass bytes instead, or decode with errors='replace'."
+    )
+
+
+def _find_unencodable(value: Any, depth: int) -> None:
+    """Raise ``_Refused`` at the first string or dict key that UTF-8 cannot encode.
+
+    Walks a value the encoder has already accepted, so only its container types occur.
+    """
+    if isinstance(value, str):
+        if not _encodable(value):
+            raise _Refused(_surrogate_problem(value))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            try:
+                if not _encodable(key):
+                    raise _key_refusal(_surrogate_problem(key), " key")
+                _find_unencodable(item, depth + 1)
+            except _Refused as exc:
+                if exc.at_key:
+                    exc.at_key = False
+                else:
+                    exc.within(key, depth)
+                raise
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            try:
+                _find_unencodable(item, depth + 1)
+            except _Refused as exc:
+                exc.within(index, depth)
+                raise
+    elif isinstance(value, set | frozenset):
+        for member in value:
+            try:
+                _find_unencodable(member, depth + 1)
+            except _Refused as exc:
+                exc.member()
+                raise
+
+
+def _locate_unencodable(value: Any, root: str, depth: int) -> EncodeError | None:
+    try:
+        _find_unencodable(value, depth)
+    except _Refused as exc:
+        return _refusal_to_error(exc, root)
+    return None
+
+
+# Not expected for values the encoder accepted; said plainly if it ever happens.
+_UNENCODABLE = "contains text that cannot be stored as UTF-8."
+
+
+def unencodable_call_error(args: Any, kwargs: Any) -> EncodeError:
+    """The error for call arguments whose JSON text (see ``dumps``) UTF-8 cannot encode.
+
+    ``encode_call`` does not look for lone surrogates itself: the caller finds them on the
+    text it builds anyway (``text.encode()`` raising ``UnicodeEncodeError``), then asks
+    here where they are.
+    """
+    return (
+        _locate_unencodable(args, "args", 0)
+        or _locate_unencodable(kwargs, "kwargs", 0)
+        or EncodeError("args", _UNENCODABLE)
+    )
+
+
+def _storable_text(encoded: JsonValue) -> bool:
+    cls = type(encoded)
+    if cls is str:
+        return _encodable(encoded)  # type: ignore[arg-type]
+    if cls is list or cls is dict:
+        return _encodable(dumps(encoded))
+    return True  # None, bool, int, float
 
 
 def to_json(value: Any, path: str) -> JsonValue:
     """Return ``value`` in its stored JSON form, or raise ``EncodeError`` naming ``path``.
 
-    Refusing here, at enqueue time, beats a worker failing on the value later.
+    Refusing here, at enqueue time, beats a worker failing on the value later. Unlike
+    ``encode_call``, this also refuses lone surrogates itself.
     """
     try:
-        return _encode(value)
+        encoded = _encode(value, 1)
     except _Refused as exc:
         raise _refusal_to_error(exc, path) from None
     except RecursionError:
         raise EncodeError(path, _TOO_DEEP) from None
+    if not _storable_text(encoded):
+        raise _locate_unencodable(value, path, 1) or EncodeError(path, _UNENCODABLE)
+    return encoded
 
 
 def encode_call(args: Any, kwargs: Any) -> tuple[list[JsonValue], dict[str, JsonValue]]:
     """Encode a call's arguments: ``args`` is stored as a list, ``kwargs`` as a dict.
 
     The two containers themselves are never tagged, so stored rows keep Django's shape.
+    Lone surrogates are left for the caller to find on the JSON text (see
+    ``unencodable_call_error``), which keeps this, the bulk-enqueue path, lean.
     """
     try:
-        encoded_args = _encode_items(args)
+        encoded_args = _encode_items(args, 0)
     except _Refused as exc:
         raise _refusal_to_error(exc, "args") from None
     except RecursionError:
         raise EncodeError("args", _TOO_DEEP) from None
     try:
-        encoded_kwargs = _encode_values(kwargs)
+        encoded_kwargs = _encode_values(kwargs, 0)
     except _Refused as exc:
         raise _refusal_to_error(exc, "kwargs") from None
     except RecursionError:
@@ -294,38 +453,50 @@ def encode_call(args: Any, kwargs: Any) -> tuple[list[JsonValue], dict[str, Json
 # --------------------------------------------------------------------------- decoding
 
 
-def _decode(value: Any) -> Any:
+#
+# ``depth`` counts as in encoding: each JSON array or object is a level, and a tag counts
+# as the one container it stands for, so the decoder refuses exactly what the encoder
+# would have refused. A tag of a scalar type (datetime...) is no container, as in encoding.
+
+
+def _decode(value: Any, depth: int) -> Any:
     cls = type(value)
     if cls is list:
-        return _decode_items(value)
+        return _decode_items(value, depth)
     if cls is dict:
         if TAG in value:
-            return _decode_tag(value)
-        return _decode_values(value)
+            return _decode_tag(value, depth)
+        return _decode_values(value, depth)
     return value
 
 
-def _decode_items(items: list[Any]) -> list[Any]:
+def _decode_items(items: list[Any], depth: int) -> list[Any]:
+    if depth > MAX_DEPTH:
+        raise _too_deep(_TOO_DEEP_STORED)
+    inner = depth + 1
     out: list[Any] = []
     append = out.append
     try:
         for item in items:
             cls = type(item)
-            append(_decode(item) if cls is list or cls is dict else item)
+            append(_decode(item, inner) if cls is list or cls is dict else item)
     except _Refused as exc:
-        exc.within(len(out))
+        exc.within(len(out), depth)
         raise
     return out
 
 
-def _decode_values(mapping: dict[str, Any]) -> dict[str, Any]:
+def _decode_values(mapping: dict[str, Any], depth: int) -> dict[str, Any]:
+    if depth > MAX_DEPTH:
+        raise _too_deep(_TOO_DEEP_STORED)
+    inner = depth + 1
     out: dict[str, Any] = {}
     try:
         for key, item in mapping.items():
             cls = type(item)
-            out[key] = _decode(item) if cls is list or cls is dict else item
+            out[key] = _decode(item, inner) if cls is list or cls is dict else item
     except _Refused as exc:
-        exc.within(key)
+        exc.within(key, depth)
         raise
     return out
 
@@ -343,8 +514,8 @@ def _tag_name(tag: dict[str, Any]) -> str:
     return name
 
 
-def _decode_tag(tag: dict[str, Any]) -> Any:
-    return _DECODERS[_tag_name(tag)](tag[PAYLOAD])
+def _decode_tag(tag: dict[str, Any], depth: int) -> Any:
+    return _DECODERS[_tag_name(tag)](tag[PAYLOAD], depth)
 
 
 def _payload(name: str, payload: Any, expected: type) -> Any:
@@ -356,8 +527,8 @@ def _payload(name: str, payload: Any, expected: type) -> Any:
     return payload
 
 
-def _decode_iso(name: str, parse: Callable[[str], Any]) -> Callable[[Any], Any]:
-    def decode(payload: Any) -> Any:
+def _decode_iso(name: str, parse: Callable[[str], Any]) -> Callable[[Any, int], Any]:
+    def decode(payload: Any, _depth: int) -> Any:
         try:
             return parse(_payload(name, payload, str))
         except ValueError:
@@ -380,7 +551,7 @@ def _offset(parse: Callable[[str], Any], text: str) -> Any:
     return value
 
 
-def _decode_timedelta(payload: Any) -> dt.timedelta:
+def _decode_timedelta(payload: Any, _depth: int) -> dt.timedelta:
     parts = _payload("timedelta", payload, list)
     if len(parts) != 3 or any(type(part) is not int for part in parts):
         raise _Refused(
@@ -392,7 +563,7 @@ def _decode_timedelta(payload: Any) -> dt.timedelta:
         raise _Refused(f"is a 'timedelta' tag out of range: {payload!r}.") from None
 
 
-def _decode_decimal(payload: Any) -> decimal.Decimal:
+def _decode_decimal(payload: Any, _depth: int) -> decimal.Decimal:
     try:
         value = decimal.Decimal(_payload("decimal", payload, str))
     except decimal.InvalidOperation:
@@ -402,22 +573,25 @@ def _decode_decimal(payload: Any) -> decimal.Decimal:
     return value
 
 
-def _decode_bytes(payload: Any) -> bytes:
+def _decode_bytes(payload: Any, _depth: int) -> bytes:
     try:
         return base64.b64decode(_payload("bytes", payload, str), validate=True)
     except (binascii.Error, ValueError):
         raise _Refused(f"is a 'bytes' tag with invalid base64 {payload!r}.") from None
 
 
-def _decode_set(name: str, build: Callable[[list[Any]], Any]) -> Callable[[Any], Any]:
-    def decode(payload: Any) -> Any:
+def _decode_set(name: str, build: Callable[[list[Any]], Any]) -> Callable[[Any, int], Any]:
+    def decode(payload: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise _too_deep(_TOO_DEEP_STORED)
+        inner = depth + 1
         members: list[Any] = []
         payload = _payload(name, payload, list)
         try:
             for member in payload:
-                members.append(_decode(member))
+                members.append(_decode(member, inner))
         except _Refused as exc:
-            exc.steps.append(" member")
+            exc.member()
             raise
         try:
             return build(members)
@@ -435,20 +609,24 @@ def _dict_pairs(payload: Any) -> list[list[Any]]:
     return pairs
 
 
-def _decode_escaped_dict(payload: Any) -> dict[str, Any]:
+def _decode_escaped_dict(payload: Any, depth: int) -> dict[str, Any]:
+    if depth > MAX_DEPTH:
+        raise _too_deep(_TOO_DEEP_STORED)
+    inner = depth + 1
     out: dict[str, Any] = {}
     pairs = _dict_pairs(payload)
     try:
         for key, item in pairs:
-            out[key] = _decode(item)
+            out[key] = _decode(item, inner)
     except _Refused as exc:
-        exc.within(key)
+        exc.within(key, depth)
         raise
     return out
 
 
-_DECODERS: dict[str, Callable[[Any], Any]] = {
-    "tuple": lambda payload: tuple(_decode_items(_payload("tuple", payload, list))),
+_DECODERS: dict[str, Callable[[Any, int], Any]] = {
+    # Each takes the payload and the depth of the value the tag stands for.
+    "tuple": lambda payload, depth: tuple(_decode_items(_payload("tuple", payload, list), depth)),
     "set": _decode_set("set", set),
     "frozenset": _decode_set("frozenset", frozenset),
     "dict": _decode_escaped_dict,
@@ -464,7 +642,7 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
 
 def _decode_root(value: Any, path: str) -> Any:
     try:
-        return _decode(value)
+        return _decode(value, 1)
     except _Refused as exc:
         raise DecodeError(exc.path(path), exc.problem, exc.field_path(path)) from None
     except RecursionError:
@@ -486,9 +664,14 @@ def decode_call(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         raise DecodeError("args", f"is a {type(args).__name__}, not a list.")
     if not isinstance(kwargs, dict):
         raise DecodeError("kwargs", f"is a {type(kwargs).__name__}, not a dict.")
-    decoded_args = _decode_root(list(args), "args")
     try:
-        decoded_kwargs = _decode_values(kwargs)
+        decoded_args = _decode_items(list(args), 0)
+    except _Refused as exc:
+        raise DecodeError(exc.path("args"), exc.problem, exc.field_path("args")) from None
+    except RecursionError:
+        raise DecodeError("args", _TOO_DEEP) from None
+    try:
+        decoded_kwargs = _decode_values(kwargs, 0)
     except _Refused as exc:
         raise DecodeError(exc.path("kwargs"), exc.problem, exc.field_path("kwargs")) from None
     except RecursionError:
@@ -529,7 +712,7 @@ def _display_tag(tag: dict[str, Any]) -> Any:
             return [display(item) for item in _payload(name, payload, list)]
         if name == "dict":
             return {key: display(item) for key, item in _dict_pairs(payload)}
-        return _PLAIN[name](_DECODERS[name](payload))
+        return _PLAIN[name](_DECODERS[name](payload, 1))  # a scalar: depth plays no part
     except _Refused:
         return tag
 

@@ -51,7 +51,7 @@ else:  # pragma: no cover - exercised by the Django 5.2 CI run
 
         raise ImproperlyConfigured(
             "django-tasks-plus needs Django 6.0+ (django.tasks) or, on Django 5.2, the "
-            "'django-tasks' backport: pip install 'django-tasks-plus[backport]'."
+            "'django-tasks' backport: pip install 'django-tasks>=0.12'."
         ) from exc
     from django_tasks import checks as _register_checks  # noqa: F401
     from django_tasks import task as django_task

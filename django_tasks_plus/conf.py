@@ -35,7 +35,8 @@ _DEFAULTS: dict[str, Any] = {
     "NOTIFY": True,
     "DEDUP_TTL": timedelta(hours=1),
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
-    "QUEUE_RESOLUTION": "fallback",
+    # Django's rule by default: a queue not in QUEUES is an InvalidTask.
+    "QUEUE_RESOLUTION": "strict",
 }
 
 QUEUE_RESOLUTIONS = ("fallback", "strict")
@@ -45,7 +46,11 @@ QUEUE_KEYS = ("max_depth",)
 
 @dataclass(frozen=True)
 class BackendSettings:
-    """The validated settings of one ``TASKS`` entry."""
+    """The validated settings of one ``TASKS`` entry.
+
+    ``queues`` is empty when ``QUEUES`` is ``[]``: as in Django, tasks may then name any
+    queue (use ``serves()`` rather than testing membership).
+    """
 
     alias: str
     queues: frozenset[str]
@@ -63,7 +68,11 @@ class BackendSettings:
     notify: bool = True
     dedup_ttl: timedelta = timedelta(hours=1)
     max_payload_bytes: int | None = 1024 * 1024
-    queue_resolution: str = "fallback"
+    queue_resolution: str = "strict"
+
+    def serves(self, queue: str) -> bool:
+        """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
+        return not self.queues or queue in self.queues
 
     def doer_spec_for(self, queue: str) -> Any:
         """The doer spec governing ``queue`` (its own entry, else the default)."""
@@ -75,7 +84,7 @@ class BackendSettings:
     @property
     def fallback_queue(self) -> str:
         """Where tasks naming an unserved queue go under QUEUE_RESOLUTION='fallback'."""
-        if DEFAULT_TASK_QUEUE_NAME in self.queues:
+        if DEFAULT_TASK_QUEUE_NAME in self.queues or not self.queue_order:
             return DEFAULT_TASK_QUEUE_NAME
         return self.queue_order[0]
 
@@ -137,20 +146,21 @@ def _queues(alias: str, params: Mapping[str, Any]) -> frozenset[str]:
         raise InvalidBackendOptions(
             f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names, got {queues!r}."
         )
-    if not queues:
-        raise InvalidBackendOptions(f"TASKS[{alias!r}]['QUEUES'] must name at least one queue.")
+    # An empty list is Django's "any queue name is valid", not a mistake.
     for name in queues:
-        if not isinstance(name, str) or not name or len(name) > QUEUE_NAME_MAX_LENGTH:
-            raise InvalidBackendOptions(
-                f"TASKS[{alias!r}]['QUEUES'] has {name!r}; queue names are non-empty strings "
-                f"of at most {QUEUE_NAME_MAX_LENGTH} characters."
-            )
-        if name == "*":
-            raise InvalidBackendOptions(
-                f"TASKS[{alias!r}]['QUEUES'] cannot contain '*': it means 'every queue' "
-                "on the runtasks command line."
-            )
+        problem = queue_name_problem(name)
+        if problem:
+            raise InvalidBackendOptions(f"TASKS[{alias!r}]['QUEUES'] has {name!r}; {problem}")
     return frozenset(queues)
+
+
+def queue_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be stored as a queue name, or None if it can."""
+    if not isinstance(name, str) or not name or len(name) > QUEUE_NAME_MAX_LENGTH:
+        return f"queue names are non-empty strings of at most {QUEUE_NAME_MAX_LENGTH} characters."
+    if name == "*":
+        return "'*' is not a queue name: it means 'every queue' on the runtasks command line."
+    return None
 
 
 def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
@@ -237,12 +247,15 @@ def _queues_config(
     doers: dict[str, Any] = {}
     max_depths: dict[str, int] = {}
     for queue, entry in config.items():
-        if queue not in queues:
+        if queues and queue not in queues:
             raise _fail(
                 alias,
                 "QUEUES_CONFIG",
                 f"configures queue {queue!r}, which is not in QUEUES {sorted(queues)}.",
             )
+        problem = queue_name_problem(queue)
+        if problem:  # reachable with an empty QUEUES, which allows any name
+            raise _fail(alias, "QUEUES_CONFIG", f"has {queue!r}; {problem}")
         doer_spec = entry
         if isinstance(entry, Mapping):
             doer_spec = {k: v for k, v in entry.items() if k not in QUEUE_KEYS}

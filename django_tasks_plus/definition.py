@@ -7,15 +7,17 @@ the backend is ours: one definition object, not two.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
+from django.apps import apps
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from . import compat
 from .exceptions import (
@@ -223,24 +225,53 @@ def check_arguments(task: compat.Task, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 _resolved: dict[str, compat.Task] = {}
+_MISSING = object()
 
 
 def resolve_task(path: str) -> compat.Task:
     """The ``Task`` object a stored row names; refuse anything that is not a task.
 
-    Only objects created by a task decorator are ever run, so a row forged to name
-    ``os.system`` or any other callable is refused, not executed.
+    A row's path is attacker-controlled data, so resolving it must run no code the row
+    chooses. The rule: the path's module must be imported already (in ``sys.modules``)
+    or belong to an installed app (the app's package or a submodule of it); only then is
+    it imported. Any other path (``this.x``, ``venv.__main__.x``) is refused without
+    importing anything. The attribute is read from the module's namespace, never through
+    a module ``__getattr__``, and only an object created by a task decorator is returned,
+    so ``os.system`` is refused too.
+
+    Whatever module code raises during an allowed import, ``SystemExit`` and other
+    ``BaseException`` included, becomes ``TaskNotRegistered``: every caller (worker,
+    reaper, ``get_result``, admin actions) gets a bad row, not a dead process or thread.
     """
     found = _resolved.get(path)
     if found is not None:
         return found
+    module_name, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
+    if not module_name or not all(part.isidentifier() for part in path.split(".")):
+        raise TaskNotRegistered(
+            f"{path!r} cannot be imported: a task path is a dotted name 'module.function'."
+        )
+    if module_name not in sys.modules and not _in_installed_app(module_name):
+        raise TaskNotRegistered(
+            f"{path!r} cannot be imported: module {module_name!r} is not imported and is "
+            "not part of an installed app; a worker runs only tasks defined in an installed "
+            "app or in a module imported at startup."
+        )
     try:
-        obj = import_string(path)
-    except ImportError as exc:
-        raise TaskNotRegistered(f"{path!r} cannot be imported: {exc}") from exc
-    except Exception as exc:  # a broken module must not crash the worker
-        raise TaskNotRegistered(f"importing {path!r} failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(obj, compat.Task):
+        # Also for an imported module: import_module waits while another thread is
+        # still executing it, where sys.modules would hand out a half-built module.
+        module = importlib.import_module(module_name)
+        obj = vars(module).get(name, _MISSING)
+    except BaseException as exc:  # module code may raise anything, even SystemExit
+        raise TaskNotRegistered(
+            f"{path!r} cannot be imported: importing {module_name!r} raised {_describe(exc)}"
+        ) from exc
+    if obj is _MISSING:
+        raise TaskNotRegistered(
+            f"{path!r} cannot be imported: module {module_name!r} defines no {name!r}."
+        )
+    # type(), not isinstance(): a lazy object's __class__ property would run its code.
+    if not issubclass(type(obj), compat.Task):
         raise TaskNotRegistered(
             f"{path!r} is a {type(obj).__name__}, not a task; only functions decorated "
             "with @task are run."
@@ -249,6 +280,24 @@ def resolve_task(path: str) -> compat.Task:
         raise TaskNotRegistered(f"{path!r} resolves to the task {obj.module_path!r}.")
     _resolved[path] = obj
     return obj
+
+
+def _in_installed_app(module_name: str) -> bool:
+    """Whether ``module_name`` is an installed app's package or one of its submodules."""
+    return any(
+        module_name == config.name or module_name.startswith(config.name + ".")
+        for config in apps.get_app_configs()
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` for an exception from foreign code, even if its ``__str__`` fails."""
+    kind = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException:
+        return f"{kind} (its message could not be formatted)"
+    return f"{kind}: {text}" if text else kind
 
 
 def task(

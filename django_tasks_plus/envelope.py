@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from . import compat
-from .codec import EncodeError, display_call, dumps, encode_call
+from .codec import EncodeError, display_call, dumps, encode_call, unencodable_call_error
 from .conf import BackendSettings
 from .definition import check_arguments, compiled_schema
 from .exceptions import InvalidTaskArguments, PayloadTooLarge
@@ -68,7 +68,7 @@ def new_task_ids(count: int) -> list[str]:
 
 def resolve_queue(settings: BackendSettings, task: compat.Task) -> str:
     """The queue a task's rows go to: its own, or the fallback queue (logged once)."""
-    if task.queue_name in settings.queues:
+    if settings.serves(task.queue_name):
         return task.queue_name
     fallback = settings.fallback_queue
     marker = (settings.alias, task.module_path, task.queue_name)
@@ -116,7 +116,10 @@ def build_envelopes(
         "queue_name": resolve_queue(settings, task),
         "priority": task.priority,
         "status": compat.TaskResultStatus.READY.value,
+        # The claim needs a time; results show what the caller gave (None: "as soon as
+        # possible"), which retries and deferrals never move.
         "run_after": task.run_after or now,
+        "requested_run_after": task.run_after,
         "attempt": 0,
         "worker_ids": JsonText("[]"),
         "errors": JsonText("[]"),
@@ -152,15 +155,21 @@ def _envelope(
         ) from exc
     args_text = dumps(encoded_args)
     kwargs_text = dumps(encoded_kwargs) if encoded_kwargs else "{}"
-    if limit is not None:
+    try:
+        # Also the check that the text can be stored at all: UTF-8 refuses lone surrogates.
         size = _utf8_length(args_text) + _utf8_length(kwargs_text)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"Cannot enqueue {task.module_path}: its encoded arguments are {size:,} bytes, "
-                f"over the limit of {limit:,} (OPTIONS['MAX_PAYLOAD_BYTES']).",
-                limit=limit,
-                size=size,
-            )
+    except UnicodeEncodeError:
+        exc = unencodable_call_error(stored_args, stored_kwargs)
+        raise InvalidTaskArguments(
+            f"Cannot enqueue {task.module_path}: {exc}", field_path=exc.field_path
+        ) from None
+    if limit is not None and size > limit:
+        raise PayloadTooLarge(
+            f"Cannot enqueue {task.module_path}: its encoded arguments are {size:,} bytes, "
+            f"over the limit of {limit:,} (OPTIONS['MAX_PAYLOAD_BYTES']).",
+            limit=limit,
+            size=size,
+        )
     values = {"id": task_id, **shared, "args": JsonText(args_text)}
     values["kwargs"] = JsonText(kwargs_text)
     shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs)
@@ -168,4 +177,5 @@ def _envelope(
 
 
 def _utf8_length(text: str) -> int:
+    """Bytes of ``text`` in UTF-8; raises ``UnicodeEncodeError`` for a lone surrogate."""
     return len(text) if text.isascii() else len(text.encode())

@@ -2,8 +2,9 @@
 
 ``retryable`` says whether trying the same thing again can help: callers and the worker
 use it to tell a transient condition (database unavailable) from a permanent one (bad
-arguments). Errors about invalid tasks also derive from Django's own ``InvalidTask`` so
-code written against ``django.tasks`` keeps catching them.
+arguments). Errors about invalid tasks also derive from Django's own ``InvalidTask``, and
+errors about values that cannot be stored from ``TypeError``, so code written against
+``django.tasks`` keeps catching them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ class InvalidTaskOptions(TasksPlusError, InvalidTask):
     """A task definition or a ``using()`` override has a bad option."""
 
 
-class InvalidTaskArguments(TasksPlusError, InvalidTask):
+class InvalidTaskArguments(TasksPlusError, InvalidTask, TypeError):
     """The arguments cannot be stored (not JSON-serializable) or do not fit the task.
+
+    Also a ``TypeError``: that is what Django's own backends raise for such arguments, so
+    code written to Django's contract (``except TypeError``) catches it too.
 
     ``field_path`` locates the bad value as data: ``('args', 1, 'when')`` for a value the
     codec refused, ``('user', 'age')`` (relative to the payload) for a schema error, and
@@ -113,8 +117,11 @@ class TaskTimeout(TasksPlusError):
     retryable = True
 
 
-class ReturnValueNotSerializable(TasksPlusError):
-    """The task returned a value that cannot be stored as JSON."""
+class ReturnValueNotSerializable(TasksPlusError, TypeError):
+    """The task returned a value that cannot be stored as JSON.
+
+    Also a ``TypeError``, the error Django's own backends record for such a value.
+    """
 
 
 class TaskDeferred(TasksPlusError):
@@ -145,6 +152,19 @@ class TaskDeferred(TasksPlusError):
         self.run_after = run_after
 
 
+class TransactionLeaked(TasksPlusError):
+    """Recorded as the error of an attempt that left a database transaction open.
+
+    The worker rolled the transaction back (so the writes made inside it are lost) and
+    discarded the connection, so the next task on that thread starts clean.
+    """
+
+
+class OutcomeNotStorable(TasksPlusError):
+    """Recorded when an attempt's outcome (its error text, say) could not be written as it
+    was: the task is dead-lettered with this error instead, and nothing else is lost."""
+
+
 class Cancelled(TasksPlusError):
     """Recorded as the error of a cancelled task; raise it from a task to stop on request."""
 
@@ -163,6 +183,7 @@ __all__ = [
     "InvalidTaskArguments",
     "InvalidTaskOptions",
     "LeaseExpired",
+    "OutcomeNotStorable",
     "PayloadTooLarge",
     "QueueFull",
     "ReturnValueNotSerializable",
@@ -170,5 +191,6 @@ __all__ = [
     "TaskNotRegistered",
     "TaskTimeout",
     "TasksPlusError",
+    "TransactionLeaked",
     "UnsupportedDatabase",
 ]

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .compat import TaskResultStatus
-from .exceptions import Cancelled, InvalidRetryPolicy
+from .exceptions import Cancelled, InvalidRetryPolicy, OutcomeNotStorable
 from .retry import RetryPolicy, next_delay
 
 
@@ -40,6 +40,7 @@ class ClaimedTask:
     backend_name: str = "default"
     ordering_key: str | None = None
     claimed_at: datetime | None = None  # the claim's clock; started_at equals it on a first run
+    requested_run_after: datetime | None = None  # the caller's run_after, as Django shows it
 
     @property
     def first_run(self) -> bool:
@@ -100,11 +101,39 @@ class Transition:
 
 def exception_path(exc: BaseException) -> str:
     kind = type(exc)
-    return f"{kind.__module__}.{kind.__qualname__}"
+    try:
+        return storable_text(f"{kind.__module__}.{kind.__qualname__}")
+    except Exception:  # a hostile metaclass; the path is only a label
+        return "<unknown exception class>"
+
+
+def describe(exc: BaseException) -> str:
+    """``str(exc)``, never raising: task code may raise exceptions whose ``__str__`` fails,
+    and formatting one must not change what happens to the task."""
+    try:
+        return storable_text(str(exc))
+    except Exception as problem:
+        return f"<{exception_path(exc)} object; str() raised {type(problem).__name__}>"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every supported database can store it: NUL (which PostgreSQL refuses)
+    and lone surrogates (which UTF-8 cannot encode) are shown escaped instead."""
+    text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def format_traceback(exc: BaseException) -> str:
-    return "".join(traceback_module.format_exception(exc))
+    try:
+        return storable_text("".join(traceback_module.format_exception(exc)))
+    except Exception:  # the traceback module already guards __str__; this is for the rest
+        return f"{exception_path(exc)}: {describe(exc)} (no traceback could be formatted)"
 
 
 def error_record(
@@ -114,8 +143,7 @@ def error_record(
     text = traceback or format_traceback(exc)
     return {
         "exception_class_path": exception_path(exc),
-        # NUL cannot be stored in PostgreSQL's jsonb; show it escaped instead.
-        "traceback": text.replace("\x00", "\\x00"),
+        "traceback": storable_text(text),
         "attempt": attempt,
         "worker_id": worker_id,
         "at": at.isoformat(),
@@ -133,7 +161,7 @@ def _dead(
     values = {
         "errors": [*task.errors, error],
         "finished_at": now,
-        "dead_letter_reason": reason[:2000].replace("\x00", "\\x00"),
+        "dead_letter_reason": storable_text(reason[:2000]),
     }
     if block and task.ordering_key is not None:
         values["ordering_blocked"] = True
@@ -191,7 +219,7 @@ def _decide(
         error = error_record(
             event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
         )
-        reason = event.reason or f"{exception_path(event.exception)}: {event.exception}"
+        reason = event.reason or f"{exception_path(event.exception)}: {describe(event.exception)}"
         blocks = block_ordering and not isinstance(event.exception, Cancelled)
         return _dead(task, error, reason, now, block=blocks)
 
@@ -201,14 +229,16 @@ def _decide(
     try:
         delay = next_delay(policy, task.attempt, now - task.enqueued_at, event.exception)
     except InvalidRetryPolicy as exc:
-        return _dead(task, error, f"retry policy failed: {exc}", now, block=block_ordering)
+        return _dead(
+            task, error, f"retry policy failed: {describe(exc)}", now, block=block_ordering
+        )
     except Exception as exc:  # a user policy that crashes must not lose the task
-        reason = f"retry policy raised {exception_path(exc)}: {exc}"
+        reason = f"retry policy raised {exception_path(exc)}: {describe(exc)}"
         return _dead(task, error, reason, now, block=block_ordering)
     if delay is None:
         reason = (
             f"gave up after {task.attempt} attempt(s); last error "
-            f"{exception_path(event.exception)}: {event.exception}"
+            f"{exception_path(event.exception)}: {describe(event.exception)}"
         )
         return _dead(task, error, reason, now, block=block_ordering)
     return Transition(
@@ -216,6 +246,22 @@ def _decide(
         {"errors": [*task.errors, error], "run_after": now + delay},
         error,
     )
+
+
+def unstorable_outcome(
+    task: ClaimedTask, intended: Transition, problem: BaseException, *, now: datetime
+) -> Transition:
+    """Dead-letter ``task`` because ``intended`` could not be written (the database
+    refused a value in it): the task's fate is recorded, with the reason, instead of its
+    lease running out and the task running again only to fail the same way."""
+    exc = OutcomeNotStorable(
+        f"the attempt's outcome ({intended.status}) could not be stored: "
+        f"{exception_path(problem)}: {describe(problem)}"
+    )
+    worker_id = task.worker_ids[-1] if task.worker_ids else None
+    error = error_record(exc, "", attempt=task.attempt, worker_id=worker_id, at=now)
+    blocked = bool(intended.values.get("ordering_blocked", False))
+    return _dead(task, error, describe(exc), now, block=blocked)
 
 
 def deferred_until(now: datetime, delay: timedelta | None, run_after: datetime | None) -> datetime:

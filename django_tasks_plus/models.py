@@ -39,6 +39,14 @@ class TaskRecord(models.Model):
     run_after = models.DateTimeField(
         _("run after"), help_text=_("The earliest time the next attempt may start.")
     )
+    # Django's TaskResult shows the run_after the caller gave; run_after above is moved by
+    # retries and deferrals, and holds the enqueue time when none was given.
+    requested_run_after = models.DateTimeField(
+        _("requested run after"),
+        null=True,
+        blank=True,
+        help_text=_("The run_after given at enqueue; empty means as soon as possible."),
+    )
     attempt = models.PositiveIntegerField(
         _("attempts"), default=0, help_text=_("Attempts started so far (deferrals excluded).")
     )

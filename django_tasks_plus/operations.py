@@ -1,4 +1,4 @@
-"""Module-level helpers for app code: bulk enqueue, cancel, redrive, discard.
+"""Module-level helpers for app code: bulk enqueue, cancel, redrive, discard, pruning.
 
 Each accepts a ``TaskResult`` or a result id and finds the backend that owns it.
 """
@@ -6,7 +6,10 @@ Each accepts a ``TaskResult`` or a result id and finds the backend that owns it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
 
 from . import compat
 from .exceptions import InvalidBackendOptions
@@ -54,3 +57,19 @@ def redrive(result: compat.TaskResult | str, *, backend: str | None = None) -> b
 def discard(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
     """Release the ordering key a dead task blocks; the task itself stays FAILED."""
     return _backend(result, backend).discard(_id(result))
+
+
+def prune_dedup_keys(
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS, *, now: datetime | None = None
+) -> int:
+    """Delete the backend's dedup keys that no longer hold; return how many.
+
+    A ``"ttl"`` key goes once its window has passed, a ``"finished"`` key once none of its
+    tasks is READY or RUNNING. Keys that still hold are never touched, and a key that an
+    enqueue takes over while this runs is kept, so it is safe to run at any time, from a
+    periodic task or a cron job. ``now`` (default: the current time) is for tests.
+    """
+    from .db.dedup import prune_keys  # imports the models: not at module import
+
+    found = _backend(backend, backend)
+    return prune_keys(found.settings.database, found.alias, now or timezone.now())

@@ -32,16 +32,24 @@ def task_errors(errors: Any) -> list[compat.TaskError]:
     ]
 
 
+# ``task_as_stored(run_after=...)`` left out: keep the definition's value.
+_UNKNOWN: Any = object()
+
+
 def task_as_stored(
-    task: compat.Task, *, priority: int, queue_name: str, run_after: datetime | None
+    task: compat.Task, *, priority: int, queue_name: str, run_after: Any = _UNKNOWN
 ) -> compat.Task:
-    """``task`` with the per-call values the row was enqueued with."""
+    """``task`` with the per-call values the row was enqueued with.
+
+    ``run_after`` is the value the caller gave (``None``: "as soon as possible", as Django
+    means it), not the row's ``run_after`` column, which retries and deferrals move.
+    """
     changes: dict[str, Any] = {}
     if task.priority != priority:
         changes["priority"] = priority
     if task.queue_name != queue_name:
         changes["queue_name"] = queue_name
-    if run_after is not None and task.run_after != run_after:
+    if run_after is not _UNKNOWN and task.run_after != run_after:
         changes["run_after"] = run_after
     if not changes:
         return task
@@ -124,7 +132,39 @@ def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     """Stored arguments as Django's ``TaskResult`` shows them (plain JSON types)."""
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return [], {}  # corrupt row: shown empty, dead-lettered by the worker
-    return display_call(args, kwargs)
+    try:
+        return display_call(args, kwargs)
+    except RecursionError:  # nested deeper than any enqueue writes: corrupt, as above
+        return [], {}
+
+
+# The JSON columns of a task row, in the order a corrupt one is looked for.
+_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids")
+
+
+def unreadable_record(database: str, task_id: str) -> CorruptTaskRecord:
+    """The error for a row the ORM cannot load, naming the JSON column to blame.
+
+    Django's ``JSONField`` parses each column as the row is read, and Python's parser
+    raises ``RecursionError`` for JSON nested more than about 1,500 levels (which
+    PostgreSQL's ``jsonb`` and SQLite accept). Each column is read alone to find it.
+    """
+    from .models import TaskRecord
+
+    rows = TaskRecord.objects.using(database).filter(pk=task_id)
+    column = "args"
+    for name in _JSON_COLUMNS:
+        try:
+            list(rows.values_list(name, flat=True))
+        except RecursionError:
+            column = name
+            break
+    return CorruptTaskRecord(
+        f"Task {task_id}: the stored {column} is JSON nested too deeply to be read. The row "
+        "is left as it is; fix or discard it.",
+        task_id=task_id,
+        column=column,
+    )
 
 
 def stored_return_value(value: Any, task_id: str) -> Any:
@@ -147,7 +187,10 @@ def result_from_record(task: compat.Task, record: TaskRecord) -> compat.TaskResu
     shown = _shown(record.args, record.kwargs)
     return make_result(
         task_as_stored(
-            task, priority=record.priority, queue_name=record.queue_name, run_after=record.run_after
+            task,
+            priority=record.priority,
+            queue_name=record.queue_name,
+            run_after=record.requested_run_after,
         ),
         id=str(record.id),
         status=record.status,
@@ -169,7 +212,10 @@ def result_from_claim(task: compat.Task, claimed: ClaimedTask, now: datetime) ->
     shown = _shown(claimed.args, claimed.kwargs)
     return make_result(
         task_as_stored(
-            task, priority=claimed.priority, queue_name=claimed.queue_name, run_after=None
+            task,
+            priority=claimed.priority,
+            queue_name=claimed.queue_name,
+            run_after=claimed.requested_run_after,
         ),
         id=claimed.id,
         status=compat.TaskResultStatus.RUNNING,

@@ -250,3 +250,105 @@ def negative_delay(attempt: int, elapsed: dt.timedelta, exc: BaseException) -> d
 @task(retry=negative_delay)
 def fails_with_broken_policy() -> None:
     raise RuntimeError("first failure")
+
+
+# -- data hardening: unstorable text, deep nesting ------------------------------------------
+
+
+@task(retry=NO_WAIT)
+def returns_lone_surrogate() -> dict[str, str]:
+    # A file name that is not UTF-8, decoded as os.listdir() would: 'caf\udce9'.
+    return {"name": os.fsdecode(b"caf\xe9")}
+
+
+@task
+def nesting_depth(value):  # type: ignore[no-untyped-def]
+    """How many lists/tuples deep ``value`` goes along its first items."""
+    depth = 0
+    while isinstance(value, list | tuple) and value:
+        depth += 1
+        value = value[0]
+    return depth
+
+
+# -- faults: stalls, skewed clocks, task code that misuses its connection ---------------
+
+
+@task(retry=NO_WAIT, queue_name="slow")
+def counts_runs(tag: str, seconds: float) -> int:
+    """Sleeps, and appends a line per run to the marker ``runs-<tag>``: runs are countable."""
+    marker = _marker(f"runs-{tag}")
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    return len(marker.read_text().splitlines()) if marker is not None else 0
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def leaks_transaction(n: int) -> int:
+    """Writes a ledger row inside a transaction it never closes (a bug in task code)."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (n, pid) VALUES (%s, %s)", [n, os.getpid()])
+    return n
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def leaks_autocommit_off(n: int) -> int:
+    """Turns autocommit off, writes, and leaves (another way to leak a transaction)."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (n, pid) VALUES (%s, %s)", [n, os.getpid()])
+    return n
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+class UnprintableAbort(Abort):
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def raises_unprintable() -> None:
+    marker = _marker("unprintable-runs")
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write("run\n")
+    raise UnprintableError()
+
+
+@task(retry=NO_WAIT)
+def aborts_unprintably() -> None:
+    marker = _marker("unprintable-abort-runs")
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write("run\n")
+    raise UnprintableAbort()
+
+
+@task(retry=NO_WAIT)
+def raises_with_surrogate() -> None:
+    raise ValueError("bad file name " + os.fsdecode(b"\xff"))
+
+
+@task(takes_context=True, retry=exponential_backoff(initial_delay=30, jitter=False))
+def fails_with_backoff(context) -> None:  # type: ignore[no-untyped-def]
+    """Fails on its first attempt; the retry is due 30 s later by the database's clock."""
+    if context.attempt == 1:
+        raise ValueError("first attempt fails")
+
+
+@task(takes_context=True)
+def reports_run_after(context) -> str | None:  # type: ignore[no-untyped-def]
+    """What the worker's result says the caller asked for: Django's ``task.run_after``."""
+    run_after = context.task_result.task.run_after
+    return None if run_after is None else run_after.isoformat()

@@ -7,6 +7,7 @@ the CSRF token; each change is logged under the acting user.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -232,3 +233,21 @@ def test_superuser_sees_tasks_read_only(admin_client):
     )
     assert post.status_code == 403
     assert TaskRecord.objects.filter(pk=result.id).exists()
+
+
+def test_task_list_survives_a_row_nested_too_deeply_to_parse(django_user_model):
+    """The list loads no JSON column, so a hostile row cannot break it for everyone."""
+    from django.db import connection
+
+    hostile = tasks.add.enqueue(1, 2)
+    deep = "[" * 2000 + "]" * 2000  # valid JSON, deeper than Python's parser goes
+    table = TaskRecord._meta.db_table
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    pk = TaskRecord._meta.pk.get_db_prep_value(uuid.UUID(hostile.id), connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET args = %s{cast} WHERE id = %s", [deep, pk])
+        assert cursor.rowcount == 1
+    client = make_client("superuser", django_user_model)
+    response = client.get(reverse("admin:django_tasks_plus_taskrecord_changelist"))
+    assert response.status_code == 200
+    assert hostile.id in response.content.decode()

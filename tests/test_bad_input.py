@@ -9,6 +9,8 @@ with its reason, and the worker goes on to run the good task next to it).
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
 import uuid
 from collections.abc import Callable
@@ -44,6 +46,19 @@ UNSTORABLE = (
     "dict, set, frozenset, bytes, datetime.datetime, datetime.date, datetime.time, "
     "datetime.timedelta, decimal.Decimal, uuid.UUID)."
 )
+
+
+LONE_SURROGATE = (
+    "contains the lone surrogate '\\udcff', "
+    "which is not valid Unicode and cannot be stored as UTF-8 (text decoded with "
+    "os.fsdecode() or errors='surrogateescape' holds such characters). Pass bytes instead, "
+    "or decode with errors='replace'."
+)
+
+
+def deep_list(depth: int) -> str:
+    """JSON text of ``depth`` nested lists around a 1."""
+    return "[" * depth + "1" + "]" * depth
 
 
 @dataclass(frozen=True)
@@ -181,6 +196,40 @@ def test_nul_in_key():
     )
 
 
+@row("Lone surrogate in a string argument", "InvalidTaskArguments")
+def test_lone_surrogate_in_argument():
+    # os.fsdecode() of bytes that are not UTF-8 (a file name, say) makes such text.
+    exc = refused(
+        InvalidTaskArguments,
+        f"Cannot enqueue tests.tasks.echo: kwargs['paths'][1] {LONE_SURROGATE}",
+        lambda: tasks.echo.enqueue(paths=["ok.txt", os.fsdecode(b"\xff")]),
+    )
+    assert exc.field_path == ("kwargs", "paths", 1)
+
+
+@row("Lone surrogate in a dictionary key", "InvalidTaskArguments")
+def test_lone_surrogate_in_key():
+    exc = refused(
+        InvalidTaskArguments,
+        f"Cannot enqueue tests.tasks.echo: args[0]['sizes'] key {LONE_SURROGATE}",
+        lambda: tasks.echo.enqueue({"sizes": {os.fsdecode(b"\xff"): 3}}),
+    )
+    assert exc.field_path == ("args", 0, "sizes")
+
+
+@row("Arguments nested more than 100 levels deep", "InvalidTaskArguments")
+def test_arguments_nested_too_deeply():
+    # The worker refuses deeper rows too: what enqueue accepts, a worker can read.
+    exc = refused(
+        InvalidTaskArguments,
+        "Cannot enqueue tests.tasks.echo: kwargs['tree'] is nested too deeply: more than 100 "
+        "levels of lists, tuples, dicts and sets (or it contains itself). Pass flatter data, "
+        "or store it elsewhere and pass a reference.",
+        lambda: tasks.echo.enqueue(tree=json.loads(deep_list(101))),
+    )
+    assert exc.field_path == ("kwargs", "tree")
+
+
 @row("Arguments over `MAX_PAYLOAD_BYTES`", "PayloadTooLarge")
 def test_payload_over_the_limit():
     huge = "x" * (1 << 20)
@@ -277,16 +326,10 @@ def test_priority_not_an_int():
     assert nothing_written()
 
 
-@row("Queue not in `QUEUES` (strict resolution)", "InvalidTask")
+@row("Queue not in `QUEUES`", "InvalidTask")
 def test_queue_not_served(settings):
-    settings.TASKS = {
-        "default": {
-            "BACKEND": BACKEND,
-            "QUEUES": ["default", "other", "slow"],
-            "OPTIONS": {"QUEUE_RESOLUTION": "strict"},
-        }
-    }
-    with pytest.raises(InvalidTask) as info:
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "other", "slow"]}}
+    with pytest.raises(InvalidTask) as info:  # the default, as in Django
         tasks.add.using(queue_name="nowhere").enqueue(1, 2)
     assert str(info.value) == "Queue 'nowhere' is not valid for backend."
     assert nothing_written()
@@ -509,6 +552,7 @@ def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed()
         "lease_token": "t",
         "backend_name": "default",
         "ordering_key": None,
+        "requested_run_after": None,
     }
     claimed = claimed_from_row([raw[name] for name in CLAIM_COLUMNS])
     assert claimed.worker_ids == ()
@@ -519,7 +563,7 @@ def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed()
     with pytest.raises(ValueError) as info:
         prepare_call(tasks.add, claimed)
     assert str(info.value) == (
-        "args is not valid JSON (Expecting ',' delimiter: line 1 column 6 (char 5))."
+        "args cannot be read as JSON (Expecting ',' delimiter: line 1 column 6 (char 5))."
     )
 
 
@@ -540,6 +584,52 @@ def test_args_bad_tag(run_worker):
     assert record.dead_letter_reason == (
         "stored arguments are corrupt: args[0] is a 'uuid' tag with the invalid value 'zzz'."
     )
+
+
+@pytest.mark.parametrize(
+    ("depth", "problem"),
+    [
+        (
+            101,
+            "args[0] is nested too deeply: more than 100 levels of lists and objects, "
+            "which no enqueue writes.",
+        ),
+        (
+            700,  # parses (on 3.11 too), but would exhaust the stack of a decoder without a limit
+            "args[0] is nested too deeply: more than 100 levels of lists and objects, "
+            "which no enqueue writes.",
+        ),
+        (1999, "args cannot be read as JSON (nested too deeply to parse)."),
+    ],
+)
+@row("`args` nested too deeply", "InvalidTaskArguments (dead-lettered)")
+def test_args_nested_too_deeply(run_worker, depth, problem):
+    # 2,000 levels in all: valid for jsonb (~12,000) and SQLite (2,000), too deep for
+    # Python's parser (~1,500), so the claim itself must not fail on it.
+    record = forge()
+    set_raw(record, "args", f"'[{deep_list(depth)}]'")
+    run_beside_good_task(run_worker)
+    status, reason = TaskRecord.objects.values_list("status", "dead_letter_reason").get(
+        pk=record.pk
+    )
+    assert (status, reason) == (TaskResultStatus.FAILED, f"stored arguments are corrupt: {problem}")
+
+
+@row("Reading a row whose JSON is nested too deeply to parse", "CorruptTaskRecord")
+def test_get_result_of_a_row_too_deep_to_parse():
+    record = forge()
+    set_raw(record, "args", f"'[{deep_list(1999)}]'")
+    with pytest.raises(CorruptTaskRecord) as info:
+        task_backends["default"].get_result(str(record.pk))
+    assert str(info.value) == (
+        f"Task {record.pk}: the stored args is JSON nested too deeply to be read. The row is "
+        "left as it is; fix or discard it."
+    )
+    assert (info.value.task_id, info.value.column) == (str(record.pk), "args")
+    # A row deep enough to refuse but not too deep to parse shows empty arguments.
+    set_raw(record, "args", f"'[{deep_list(700)}]'")
+    shown = task_backends["default"].get_result(str(record.pk))
+    assert (shown.args, shown.kwargs) == ([], {})
 
 
 @row("Stored payload that no longer matches the schema", "InvalidTaskArguments (dead-lettered)")
@@ -590,6 +680,54 @@ def test_path_naming_os_system(run_worker, tmp_path):
     assert not target.exists()
 
 
+OUTSIDE_APPS = (
+    "is not imported and is not part of an installed app; a worker runs only tasks "
+    "defined in an installed app or in a module imported at startup."
+)
+
+
+@row(
+    "Task path into a module that is neither imported nor in an installed app",
+    "TaskNotRegistered (dead-lettered, nothing imported)",
+)
+def test_path_into_a_module_outside_installed_apps(run_worker):
+    record = forge("this.x", args=[])
+    good = tasks.add.enqueue(20, 22)
+    proc = run_worker("--burst", "--concurrency", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "Beautiful is better than ugly" not in proc.stdout + proc.stderr  # `this` not run
+    good.refresh()
+    assert good.status == TaskResultStatus.SUCCESSFUL
+    record = dead_lettered(record)
+    assert record.dead_letter_reason == f"'this.x' cannot be imported: module 'this' {OUTSIDE_APPS}"
+
+
+@row(
+    "Task path into a module that exits the process on import",
+    "TaskNotRegistered (dead-lettered, nothing imported)",
+)
+def test_path_into_a_module_that_exits_on_import(run_worker, markers):
+    record = forge("tests.exits_on_import.boom", args=[])
+    run_beside_good_task(run_worker)
+    record = dead_lettered(record)
+    assert record.dead_letter_reason == (
+        f"'tests.exits_on_import.boom' cannot be imported: module 'tests.exits_on_import' "
+        f"{OUTSIDE_APPS}"
+    )
+    assert not (markers / "exits-on-import-ran").exists()
+
+
+@row("Task path naming a missing module of an installed app", "TaskNotRegistered (dead-lettered)")
+def test_path_naming_a_missing_module_of_an_installed_app(run_worker):
+    record = forge("example.no_such_module.run", args=[])
+    run_beside_good_task(run_worker)
+    record = dead_lettered(record)
+    assert record.dead_letter_reason == (
+        "'example.no_such_module.run' cannot be imported: importing 'example.no_such_module' "
+        "raised ModuleNotFoundError: No module named 'example.no_such_module'"
+    )
+
+
 @row("Retry policy returning a negative delay", "InvalidRetryPolicy (dead-lettered)")
 def test_retry_policy_negative_delay(run_worker):
     result = tasks.fails_with_broken_policy.enqueue()
@@ -614,6 +752,20 @@ def test_return_value_not_serializable(run_worker):
         "builtins.object, " + UNSTORABLE
     )
     assert len(record.errors) == 1  # not retried: it would fail the same way
+
+
+@row("Task returning text with a lone surrogate", "ReturnValueNotSerializable")
+def test_return_value_with_a_lone_surrogate(run_worker):
+    result = tasks.returns_lone_surrogate.enqueue()
+    run_beside_good_task(run_worker)
+    record = dead_lettered(TaskRecord.objects.get(pk=result.id))
+    assert record.dead_letter_reason == (
+        "django_tasks_plus.exceptions.ReturnValueNotSerializable: tests.tasks."
+        "returns_lone_surrogate returned a value that cannot be stored: return value['name'] "
+        + LONE_SURROGATE.replace("udcff", "udce9")
+    )
+    assert len(record.errors) == 1  # not retried: it would fail the same way
+    assert record.return_value is None
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_tasks_plus.codec import (
+    MAX_DEPTH,
     PAYLOAD,
     TAG,
     DecodeError,
@@ -98,7 +99,8 @@ def assert_plain(value: Any) -> None:
 
 # --------------------------------------------------------------------------- strategies
 
-text = st.text(st.characters(exclude_characters="\x00"), max_size=8)
+# Storable text: no NUL, and no lone surrogates (category Cs), which UTF-8 cannot encode.
+text = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=8)
 keys = text | st.sampled_from([TAG, PAYLOAD])
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 json_values = st.recursive(
@@ -465,6 +467,41 @@ def test_self_containing_values_are_refused():
     with pytest.raises(EncodeError, match="nested too deeply") as info:
         to_json(loop, "x")
     assert info.value.path == "x"
+
+
+@given(st.text(st.characters(categories=["Cs"]), min_size=1, max_size=3), json_values)
+def test_a_lone_surrogate_anywhere_is_refused(surrogates, value):
+    # UTF-8 cannot encode a lone surrogate, so no database can store it.
+    for wrapped, path in (
+        ([value, {"k": ("a" + surrogates,)}], "x[1]['k'][0]"),
+        ({"ok": value, surrogates: 1}, "x key"),
+    ):
+        with pytest.raises(EncodeError, match="contains the lone surrogate") as info:
+            to_json(wrapped, "x")
+        assert info.value.path == path
+
+
+WRAPPERS = {
+    "list": lambda value: [value],
+    "tuple": lambda value: (value,),
+    "dict": lambda value: {"k": value},
+    "escaped dict": lambda value: {TAG: value},
+}
+
+
+@given(st.lists(st.sampled_from(sorted(WRAPPERS)), min_size=MAX_DEPTH - 2, max_size=MAX_DEPTH + 2))
+def test_encoding_and_decoding_refuse_exactly_the_same_depth(kinds):
+    value: Any = 1
+    for kind in kinds:
+        value = WRAPPERS[kind](value)
+    if len(kinds) > MAX_DEPTH:
+        with pytest.raises(EncodeError, match="nested too deeply"):
+            to_json(value, "x")
+        with pytest.raises(EncodeError, match="nested too deeply"):
+            encode_call((value,), {})
+        return
+    assert round_trip(value) == value
+    assert decode_call(*loads(dumps(list(encode_call((), {"v": value})))))[1] == {"v": value}
 
 
 # --------------------------------------------------------------------------- decoding errors

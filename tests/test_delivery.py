@@ -463,7 +463,8 @@ def test_full_queue_is_refused(settings):
     assert _rows() == 4
 
 
-def test_unserved_queue_falls_back_to_default(caplog):
+def test_unserved_queue_falls_back_to_default(settings, caplog):
+    settings.TASKS = _tasks_setting(QUEUE_RESOLUTION="fallback")  # an opt-in
     result = tasks.add.using(queue_name="nowhere").enqueue(1, 1)
     assert TaskRecord.objects.get(pk=result.id).queue_name == "default"
     assert result.task.queue_name == "default"

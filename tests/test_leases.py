@@ -95,8 +95,9 @@ def test_paused_worker_cannot_overwrite_the_new_owner(start_worker, run_worker, 
     assert result.worker_ids == ["paused", "new-owner"]
 
 
-def _claim_one(worker_id: str, now, lease_expires_at):  # type: ignore[no-untyped-def]
-    """Claim the next task of the default queue as ``worker_id``, as a worker would."""
+def _claim_one(worker_id: str, visibility_timeout: float = 300):  # type: ignore[no-untyped-def]
+    """Claim the next task of the default queue as ``worker_id``, as a worker would; a
+    negative ``visibility_timeout`` hands out a lease that has already expired."""
     [claimed] = dialect_for(connection).claim(
         connection,
         backend_name="default",
@@ -104,31 +105,36 @@ def _claim_one(worker_id: str, now, lease_expires_at):  # type: ignore[no-untype
         limit=1,
         worker_id=worker_id,
         lease_token=uuid.uuid4().hex,
-        now=now,
-        lease_expires_at=lease_expires_at,
+        visibility_timeout=visibility_timeout,
     )
     return claimed
+
+
+def _due_now(result) -> None:  # type: ignore[no-untyped-def]
+    """Skip a retry's backoff: make the task due at once."""
+    TaskRecord.objects.filter(pk=result.id).update(run_after=timezone.now() - timedelta(minutes=1))
 
 
 def test_fenced_writes_in_process():
     """A lease holder that was reaped loses every write; the new holder's outcome stays."""
     backend = task_backends["default"]
     result = tasks.add.enqueue(1, 2)
-    now = timezone.now()
 
-    first = _claim_one("A", now, now - timedelta(seconds=1))  # lease already expired
+    first = _claim_one("A", visibility_timeout=-1)  # lease already expired
     assert reap_expired(backend, timezone.now) == 1
-    later = timezone.now() + timedelta(hours=1)  # past any retry delay
-    second = _claim_one("B", later, later + timedelta(minutes=5))
+    _due_now(result)
+    second = _claim_one("B")
     assert second.id == first.id
     assert second.attempt == 2
+    now = timezone.now()
 
-    assert renew_leases("default", [(first.id, first.lease_token)], later) == {first.id}
-    stale = transition(first, Succeeded(999), policy=backend.settings.retry, now=later)
+    lost = renew_leases("default", [(first.id, first.lease_token)], 300)
+    assert lost == {(first.id, first.lease_token)}
+    stale = transition(first, Succeeded(999), policy=backend.settings.retry, now=now)
     assert apply_transition("default", first, stale) is False
     assert _row(result).status == TaskResultStatus.RUNNING
 
-    fresh = transition(second, Succeeded(3), policy=backend.settings.retry, now=later)
+    fresh = transition(second, Succeeded(3), policy=backend.settings.retry, now=now)
     assert apply_transition("default", second, fresh) is True
     assert apply_transition("default", first, stale) is False
     row = _row(result)
@@ -139,8 +145,7 @@ def test_reaper_dead_letters_when_attempts_are_spent():
     backend = task_backends["default"]
     result = tasks.always_fails.enqueue("x")  # NO_WAIT: three attempts
     for attempt in (1, 2, 3):
-        now = timezone.now()
-        claimed = _claim_one(f"w{attempt}", now, now - timedelta(seconds=1))
+        claimed = _claim_one(f"w{attempt}", visibility_timeout=-1)
         assert claimed.attempt == attempt
         assert reap_expired(backend, timezone.now) == 1
     row = _row(result)

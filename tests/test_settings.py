@@ -84,10 +84,13 @@ def test_retry_option_forms():
             r"^TASKS\['default'\]\['OPTIONS'\]\['QUEUES_CONFIG'\]\['default'\] is not a valid doer",
         ),
         ({"QUEUES": "default"}, r"\['QUEUES'\] must be a list of queue names"),
-        ({"QUEUES": []}, r"\['QUEUES'\] must name at least one queue"),
         ({"QUEUES": ["ok", ""]}, "queue names are non-empty strings"),
         ({"QUEUES": ["x" * 101]}, "at most 100 characters"),
-        ({"QUEUES": ["*"]}, "cannot contain '\\*'"),
+        ({"QUEUES": ["*"]}, r"has '\*'; '\*' is not a queue name"),
+        (
+            {"QUEUES": [], "OPTIONS": {"QUEUES_CONFIG": {"x" * 101: "age"}}},
+            r"\['QUEUES_CONFIG'\] has 'x+'; queue names are non-empty strings",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(params, message):

@@ -45,6 +45,7 @@ CLAIM_COLUMNS = (
     "lease_token",
     "backend_name",
     "ordering_key",
+    "requested_run_after",
 )
 
 
@@ -176,18 +177,54 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         backend_name=data["backend_name"],
         ordering_key=data["ordering_key"],
         claimed_at=claimed_at,
+        requested_run_after=_as_datetime(data["requested_run_after"]),
     )
 
 
 class Dialect(ABC):
-    """The SQL that differs between databases: inserting with a wake-up, and claiming."""
+    """The SQL that differs between databases: inserting with a wake-up, claiming, and
+    the database's own clock.
+
+    Leases and due times are compared and computed with the database's clock, never the
+    worker host's: a host whose clock runs fast or slow cannot then reap a live task or
+    run one early, and an expiry is computed when the statement really runs, after any
+    wait for a lock, not when the worker decided to send it.
+    """
 
     vendor: str
     supports_notify: bool = False
+    now_sql: str
+    """The database's current time, as SQL: for comparisons (due, expired)."""
+    lock_rows_sql: str = ""
+    """Appended to a sub-select to lock its rows (where the database has row locks)."""
 
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Problems that stop this database from running the queue (empty if none)."""
         return []
+
+    @abstractmethod
+    def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
+        """SQL (and its parameters) for "``seconds`` from now" by the database's clock,
+        evaluated when the row is written, so waiting for a lock cannot shorten a lease."""
+
+    @abstractmethod
+    def parse_time(self, value: Any) -> datetime:
+        """A time the database returned for ``now_sql``, as an aware datetime."""
+
+    def current_time(self, connection: BaseDatabaseWrapper) -> datetime:
+        """The database's clock, now."""
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {self.now_sql}", [])  # [] so that %% is unescaped
+            (value,) = cursor.fetchone()
+        return self.parse_time(value)
+
+    def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        """Make the worker's own statements on ``connection`` give up after ``seconds``
+        instead of waiting without end (a stalled table must not hang the worker's
+        bookkeeping threads). Task code never runs on these connections.
+
+        The default does nothing: a database without such settings waits as it waits."""
+        return None
 
     @abstractmethod
     def insert_tasks(
@@ -209,10 +246,10 @@ class Dialect(ABC):
         limit: int,
         worker_id: str,
         lease_token: str,
-        now: datetime,
-        lease_expires_at: datetime,
+        visibility_timeout: float,
     ) -> list[ClaimedTask]:
-        """Atomically move up to ``limit`` READY, due tasks to RUNNING under a lease."""
+        """Atomically move up to ``limit`` READY, due tasks to RUNNING under a lease of
+        ``visibility_timeout`` seconds; due and expiry by the database's clock."""
 
 
 def sort_claimed(claimed: list[ClaimedTask]) -> list[ClaimedTask]:

@@ -3,21 +3,38 @@
 Taken inside the enqueuing transaction: ``INSERT … ON CONFLICT DO NOTHING`` lets the
 unique constraint settle races (a concurrent taker waits for the holder's transaction and
 then sees its row, or, after a rollback, takes the key itself). A held key whose window
-has passed is re-taken under a row lock.
+has passed is re-taken under a row lock. ``prune_keys`` deletes keys that no longer hold,
+safely while others enqueue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from datetime import datetime
+from typing import Any
 
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import QuerySet
 
 from ..compat import TaskResultStatus
 from ..envelope import JsonText
 from ..models import DedupKey, TaskRecord
 
 PENDING = (TaskResultStatus.READY, TaskResultStatus.RUNNING)
+
+# How often ``take_key`` starts over when the key row vanished under it. Only a cleanup
+# deleting a key that had lapsed does that, and the next INSERT then takes the key (or
+# finds the row of whoever did), so a second round is already rare.
+_TAKE_ROUNDS = 5
+
+# Keys per DELETE when pruning: two parameters each, under SQLite's old limit of 999.
+_PRUNE_CHUNK = 400
+
+
+class _KeyVanished(RuntimeError):
+    """Internal: the key row was deleted between the INSERT and the read of the holder."""
 
 
 def take_key(
@@ -33,7 +50,43 @@ def take_key(
     """Take ``key`` for ``task_ids``; return None if taken, else the holder's task ids.
 
     Must run inside a transaction on ``connection`` (the caller's enqueue transaction).
+
+    Why a short loop and not one ``INSERT … ON CONFLICT DO UPDATE … WHERE <lapsed>``
+    statement: whether a key still holds depends on *other* rows (its tasks' status, or
+    whether they still exist). On PostgreSQL one statement judges those rows by the
+    snapshot it started with, so a taker that waited for a concurrent holder's commit
+    would not see that holder's new task rows, judge the key lapsed, and take it too:
+    two tasks for one key. Reading the holder in a statement of its own, after the row is
+    locked, sees them. The price is a gap between the INSERT and that read, in which a
+    cleanup may delete a lapsed key row; the loop then simply starts over, and the
+    unique constraint keeps the outcome race-free.
     """
+    for _ in range(_TAKE_ROUNDS):
+        if _insert_key(connection, backend_name, key, task_ids, now, expires_at, until_finished):
+            return None
+        try:
+            return _take_over_if_lapsed(
+                connection.alias, backend_name, key, task_ids, now, expires_at, until_finished
+            )
+        except _KeyVanished:
+            continue
+    raise RuntimeError(
+        f"Could not take dedup key {key!r}: its row was deleted {_TAKE_ROUNDS} times while "
+        "this enqueue tried to read it. Is a cleanup deleting keys that still hold? Use "
+        "django_tasks_plus.prune_dedup_keys(), which deletes only lapsed keys."
+    )
+
+
+def _insert_key(
+    connection: BaseDatabaseWrapper,
+    backend_name: str,
+    key: str,
+    task_ids: Sequence[str],
+    now: datetime,
+    expires_at: datetime,
+    until_finished: bool,
+) -> bool:
+    """Insert the key row unless one exists; True if this call inserted it."""
     quote = connection.ops.quote_name
     meta = DedupKey._meta
     names = ["backend_name", "key", "task_ids", "expires_at", "until_finished", "created_at"]
@@ -54,21 +107,34 @@ def take_key(
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if cursor.fetchone() is not None:
-            return None
+        return cursor.fetchone() is not None
 
+
+def _take_over_if_lapsed(
+    database: str,
+    backend_name: str,
+    key: str,
+    task_ids: Sequence[str],
+    now: datetime,
+    expires_at: datetime,
+    until_finished: bool,
+) -> list[str] | None:
+    """Lock the existing key row; rewrite it if it lapsed (None), else return its holders."""
     held = (
-        DedupKey.objects.using(connection.alias)
+        DedupKey.objects.using(database)
         .select_for_update()
-        .get(backend_name=backend_name, key=key)
+        .filter(backend_name=backend_name, key=key)
+        .first()
     )
-    if _still_held(held, connection.alias, now):
+    if held is None:
+        raise _KeyVanished(key)
+    if _still_held(held, database, now):
         return [str(task_id) for task_id in held.task_ids]
     held.task_ids = list(task_ids)
     held.expires_at = expires_at
     held.until_finished = until_finished
     held.created_at = now
-    held.save(using=connection.alias)
+    held.save(using=database)
     return None
 
 
@@ -82,3 +148,85 @@ def _still_held(held: DedupKey, database: str, now: datetime) -> bool:
 
 def _json_ids(task_ids: Sequence[str]) -> str:
     return "[" + ", ".join(f'"{task_id}"' for task_id in task_ids) + "]"
+
+
+def prune_keys(database: str, backend_name: str, now: datetime) -> int:
+    """Delete the keys of ``backend_name`` that have lapsed; return how many.
+
+    Lapsed: a ``"ttl"`` key whose window has passed, or a ``"finished"`` key none of whose
+    tasks is still READY or RUNNING. Safe while others enqueue: each key is deleted only
+    if its row is still the version judged lapsed (same ``created_at``), so a key that a
+    concurrent enqueue took over in the meantime is kept. (A re-check of the lapse rule in
+    the DELETE itself would not do on PostgreSQL: it would judge the new holder's tasks by
+    the DELETE's older snapshot, in which they do not exist yet.)
+    """
+    keys = DedupKey.objects.using(database).filter(backend_name=backend_name)
+    deleted = 0
+    expired = keys.filter(until_finished=False, expires_at__lte=now)
+    for page in _pages(expired, "created_at"):
+        deleted += _delete_unchanged(database, page)
+    for page in _pages(keys.filter(until_finished=True), "created_at", "task_ids"):
+        deleted += _delete_unchanged(database, _without_pending(database, page))
+    return deleted
+
+
+def _pages(keys: QuerySet[DedupKey], *fields: str) -> Iterator[list[tuple[Any, ...]]]:
+    """``(pk, *fields)`` rows of ``keys`` in pages of ``_PRUNE_CHUNK``, by primary key."""
+    last = None
+    while True:
+        page = keys if last is None else keys.filter(pk__gt=last)
+        rows = list(page.order_by("pk").values_list("pk", *fields)[:_PRUNE_CHUNK])
+        if not rows:
+            return
+        yield rows
+        last = rows[-1][0]
+
+
+def _without_pending(database: str, page: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The ``(pk, created_at)`` of the keys in ``page`` none of whose tasks is pending."""
+    ids = {task_id for _, _, task_ids in page for task_id in _id_list(task_ids)}
+    pending = set(
+        TaskRecord.objects.using(database)
+        .filter(pk__in=ids, status__in=PENDING)
+        .values_list("pk", flat=True)
+    )
+    return [
+        (pk, created_at)
+        for pk, created_at, task_ids in page
+        if pending.isdisjoint(_id_list(task_ids))
+    ]
+
+
+def _id_list(task_ids: Any) -> list[uuid.UUID]:
+    """A key's ``task_ids`` as UUIDs; anything else (a hand edit) counts as no task."""
+    found = []
+    for task_id in task_ids if isinstance(task_ids, list) else ():
+        try:
+            found.append(uuid.UUID(str(task_id)))
+        except ValueError:
+            continue
+    return found
+
+
+def _delete_unchanged(database: str, keys: Sequence[tuple[Any, ...]]) -> int:
+    """Delete each ``(pk, created_at)`` key whose row still has that ``created_at``.
+
+    Hand-written so the guard is in the DELETE itself: the ORM's ``delete()`` may first
+    select the rows, then delete them by primary key alone.
+    """
+    if not keys:
+        return 0
+    connection = connections[database]
+    quote = connection.ops.quote_name
+    meta = DedupKey._meta
+    created = meta.get_field("created_at")
+    match = f"({quote(meta.pk.column)} = %s AND {quote(created.column)} = %s)"
+    params: list[Any] = []
+    for pk, created_at in keys:
+        params += [pk, created.get_db_prep_value(created_at, connection)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {quote(meta.db_table)} WHERE {' OR '.join([match] * len(keys))}",
+            params,
+        )
+        return cursor.rowcount

@@ -69,11 +69,16 @@ class PostgreSQLDialect(Dialect):
                 )
 
     def _copy(self, connection: BaseDatabaseWrapper, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Stream the rows with COPY, in the caller's transaction."""
+        """Stream the rows with COPY, in the caller's transaction.
+
+        psycopg's own cursor bypasses Django's error translation, so it is wrapped here:
+        a lost connection surfaces as ``django.db.OperationalError``, as on every other
+        path, never as a raw ``psycopg`` error.
+        """
         quote = connection.ops.quote_name
         names = list(rows[0])
         columns = ", ".join(quote(column(name)) for name in names)
-        with connection.cursor() as cursor:
+        with connection.cursor() as cursor, connection.wrap_database_errors:
             raw = cursor.cursor  # psycopg's own cursor: COPY is not part of the DB-API
             with raw.copy(f"COPY {quote(table())} ({columns}) FROM STDIN") as copy:
                 for row in rows:
@@ -90,27 +95,47 @@ class PostgreSQLDialect(Dialect):
         limit: int,
         worker_id: str,
         lease_token: str,
-        now: datetime,
-        lease_expires_at: datetime,
+        visibility_timeout: float,
     ) -> list[ClaimedTask]:
-        params = [
-            backend_name,
-            list(queues),
-            now,
-            limit,
-            lease_token,
-            lease_expires_at,
-            worker_id,
-            now,
-            now,
-        ]
+        params = [backend_name, list(queues), limit, lease_token, visibility_timeout, worker_id]
         rows = fetch_all(connection, _claim_sql(connection.ops.quote_name), params)
-        return sort_claimed([claimed_from_row(row, now) for row in rows])
+        # The last column is the claim's time by the database clock (last_attempted_at).
+        return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
+
+    now_sql = "statement_timestamp()"
+    lock_rows_sql = " FOR UPDATE"
+
+    def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
+        # clock_timestamp() is read when the row is written: after any lock wait.
+        return "clock_timestamp() + %s * interval '1 second'", [seconds]
+
+    def parse_time(self, value: Any) -> datetime:
+        return value  # type: ignore[no-any-return]
+
+    def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        raw = connection.connection
+        if raw is None or getattr(raw, "_dtp_bounded", None) == seconds:
+            return
+        milliseconds = max(1, int(seconds * 1000))
+        with connection.cursor() as cursor:
+            # A lock wait gives up sooner than a statement, so a stalled table is noticed
+            # (and logged, and retried) while the lease can still be renewed.
+            cursor.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false)",
+                [str(milliseconds), str(max(1, milliseconds // 3))],
+            )
+        raw._dtp_bounded = seconds
 
 
 @lru_cache(maxsize=8)
 def _claim_sql(quote: Callable[[str], str]) -> str:
-    """The claim statement; its text never changes, so it is built once per connection."""
+    """The claim statement; its text never changes, so it is built once per connection.
+
+    Every time in it is the database's: due is ``run_after <= statement_timestamp()``, and
+    the lease runs from when each row is written (``clock_timestamp()``), so a claim that
+    waited for a lock does not hand out a lease that is already partly spent.
+    """
     t = quote(table())
 
     def c(name: str) -> str:
@@ -123,7 +148,7 @@ def _claim_sql(quote: Callable[[str], str]) -> str:
             WHERE candidate.{c("status")} = '{READY}'
               AND candidate.{c("backend_name")} = %s
               AND candidate.{c("queue_name")} = ANY(%s)
-              AND candidate.{c("run_after")} <= %s
+              AND candidate.{c("run_after")} <= statement_timestamp()
               AND {ordering_head_sql("candidate", quote)}
             ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
                      candidate.{c("id")}
@@ -133,14 +158,14 @@ def _claim_sql(quote: Callable[[str], str]) -> str:
         UPDATE {t} SET
             {c("status")} = '{RUNNING}',
             {c("lease_token")} = %s,
-            {c("lease_expires_at")} = %s,
+            {c("lease_expires_at")} = clock_timestamp() + %s * interval '1 second',
             {c("attempt")} = {t}.{c("attempt")} + 1,
             {c("worker_ids")} = (
                 CASE WHEN jsonb_typeof({t}.{c("worker_ids")}) = 'array'
                 THEN {t}.{c("worker_ids")} ELSE '[]'::jsonb END
             ) || jsonb_build_array(%s::text),
-            {c("started_at")} = COALESCE({t}.{c("started_at")}, %s),
-            {c("last_attempted_at")} = %s
+            {c("started_at")} = COALESCE({t}.{c("started_at")}, statement_timestamp()),
+            {c("last_attempted_at")} = statement_timestamp()
         FROM picked WHERE {t}.{c("id")} = picked.{c("id")}
-        RETURNING {returning}
+        RETURNING {returning}, {t}.{c("last_attempted_at")}
     """

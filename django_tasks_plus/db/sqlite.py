@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
 
 from ..lifecycle import ClaimedTask
 from .base import (
@@ -25,12 +26,18 @@ from .base import (
     column,
     insert_statements,
     ordering_head_sql,
-    prep,
     sort_claimed,
     table,
 )
 
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE … RETURNING
+
+
+# SQLite has no server: its clock is the host's, read inside the statement (so a wait for
+# the write lock cannot make an expiry stale). The text format is the one Django stores
+# datetimes in (UTC, space-separated), with milliseconds, so comparisons stay textual.
+_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+_NOW_PLUS = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
 
 
 class SQLiteDialect(Dialect):
@@ -79,8 +86,7 @@ class SQLiteDialect(Dialect):
         limit: int,
         worker_id: str,
         lease_token: str,
-        now: datetime,
-        lease_expires_at: datetime,
+        visibility_timeout: float,
     ) -> list[ClaimedTask]:
         quote = connection.ops.quote_name
         t = quote(table())
@@ -94,39 +100,53 @@ class SQLiteDialect(Dialect):
             UPDATE {t} SET
                 {c("status")} = '{RUNNING}',
                 {c("lease_token")} = %s,
-                {c("lease_expires_at")} = %s,
+                {c("lease_expires_at")} = {_NOW_PLUS},
                 {c("attempt")} = {c("attempt")} + 1,
                 {c("worker_ids")} = json_insert({_array_or_empty(c("worker_ids"))}, '$[#]', %s),
-                {c("started_at")} = COALESCE({c("started_at")}, %s),
-                {c("last_attempted_at")} = %s
+                {c("started_at")} = COALESCE({c("started_at")}, {_NOW}),
+                {c("last_attempted_at")} = {_NOW}
             WHERE {c("id")} IN (
                 SELECT candidate.{c("id")} FROM {t} candidate
                 WHERE candidate.{c("status")} = '{READY}'
                   AND candidate.{c("backend_name")} = %s
                   AND candidate.{c("queue_name")} IN ({queue_marks})
-                  AND candidate.{c("run_after")} <= %s
+                  AND candidate.{c("run_after")} <= {_NOW}
                   AND {ordering_head_sql("candidate", quote)}
                 ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
                          candidate.{c("id")}
                 LIMIT %s
             )
-            RETURNING {returning}
+            RETURNING {returning}, {c("last_attempted_at")}
         """
         params = [
             lease_token,
-            prep("lease_expires_at", lease_expires_at, connection),
+            _seconds_modifier(visibility_timeout),
             worker_id,
-            prep("started_at", now, connection),
-            prep("last_attempted_at", now, connection),
             backend_name,
             *queues,
-            prep("run_after", now, connection),
             limit,
         ]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-        return sort_claimed([claimed_from_row(row, now) for row in rows])
+        # The last column is the claim's time by the database clock (last_attempted_at).
+        return sort_claimed([claimed_from_row(row[:-1], self.parse_time(row[-1])) for row in rows])
+
+    now_sql = _NOW
+
+    def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
+        return _NOW_PLUS, [_seconds_modifier(seconds)]
+
+    def parse_time(self, value: Any) -> datetime:
+        parsed = parse_datetime(value) if isinstance(value, str) else value
+        if not isinstance(parsed, datetime):
+            raise ValueError(f"SQLite returned {value!r} for the current time")
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _seconds_modifier(seconds: float) -> str:
+    """SQLite's date modifier for "``seconds`` later" (fractions allowed)."""
+    return f"{seconds:+.3f} seconds"
 
 
 def _array_or_empty(column_sql: str) -> str:

@@ -1,4 +1,4 @@
-"""Task-row writes that every database expresses the same way, through the ORM.
+"""Task-row reads and writes that every database expresses the same way.
 
 Every write after a claim is **fenced**: it only lands where the row still carries the
 lease token the writer holds. A worker that lost its lease (paused, partitioned, too
@@ -14,11 +14,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from django.db import connections
+from django.db.models.expressions import RawSQL
 
 from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask, Transition
 from ..models import TaskRecord, WorkerRecord
 from ..stored import error_list
+from . import dialect_for
 from .base import CLAIM_COLUMNS, RUNNING, claimed_from_row, column, prep, table
 
 
@@ -27,18 +29,20 @@ def apply_transition(
     task: ClaimedTask,
     transition: Transition,
     *,
-    lease_expired_before: datetime | None = None,
+    only_if_expired: bool = False,
 ) -> bool:
     """Write ``transition`` if ``task``'s lease is still held; return whether it landed.
 
-    ``lease_expired_before`` is the reaper's extra fence: it only takes rows whose lease is
-    still expired, so a heartbeat that renewed the lease a moment ago wins.
+    ``only_if_expired`` is the reaper's extra fence: it only takes rows whose lease is
+    still expired by the database's clock, so a heartbeat that renewed the lease a moment
+    ago wins.
     """
     rows = TaskRecord.objects.using(database).filter(
         pk=task.id, lease_token=task.lease_token, status=TaskResultStatus.RUNNING
     )
-    if lease_expired_before is not None:
-        rows = rows.filter(lease_expires_at__lt=lease_expired_before)
+    if only_if_expired:
+        now_sql = dialect_for(connections[database]).now_sql
+        rows = rows.filter(lease_expires_at__lt=RawSQL(now_sql, ()))
     updated = rows.update(
         status=transition.status, lease_token=None, lease_expires_at=None, **transition.values
     )
@@ -46,52 +50,69 @@ def apply_transition(
 
 
 def renew_leases(
-    database: str, leases: Iterable[tuple[str, str]], lease_expires_at: datetime
-) -> set[str]:
-    """Extend every still-held lease in one statement; return the ids no longer held.
+    database: str, leases: Iterable[tuple[str, str]], visibility_timeout: float
+) -> set[tuple[str, str]]:
+    """Extend every still-held lease in one statement; return the ``(id, token)`` pairs
+    no longer held.
 
-    One ``UPDATE … RETURNING``, so a task that finishes meanwhile is never mistaken for a
-    lost lease by a second look.
+    The new expiry is ``visibility_timeout`` seconds after the row is written, by the
+    database's clock: a renewal that waited on a lock still grants a whole lease. One
+    ``UPDATE … RETURNING``, so a task that finishes meanwhile is never mistaken for a lost
+    lease by a second look.
     """
     leases = list(leases)
     if not leases:
         return set()
     connection = connections[database]
     quote = connection.ops.quote_name
-    ids = [task_id for task_id, _ in leases]
+    ids = sorted({task_id for task_id, _ in leases})
     tokens = sorted({token for _, token in leases})
     id_column, token_column = quote(column("id")), quote(column("lease_token"))
+    dialect = dialect_for(connection)
+    expiry_sql, expiry_params = dialect.lease_expiry(visibility_timeout)
+    # The rows are locked in a sub-select first, so the expiry is computed after any
+    # wait for another session's row lock, not before it.
     sql = (
-        f"UPDATE {quote(table())} SET {quote(column('lease_expires_at'))} = %s "
+        f"UPDATE {quote(table())} SET {quote(column('lease_expires_at'))} = {expiry_sql} "
+        f"WHERE {id_column} IN (SELECT {id_column} FROM {quote(table())} "
         f"WHERE {id_column} IN ({', '.join(['%s'] * len(ids))}) "
         f"AND {token_column} IN ({', '.join(['%s'] * len(tokens))}) "
-        f"AND {quote(column('status'))} = '{RUNNING}' RETURNING {id_column}"
+        f"AND {quote(column('status'))} = '{RUNNING}'{dialect.lock_rows_sql}) "
+        f"RETURNING {id_column}, {token_column}"
     )
     params = [
-        prep("lease_expires_at", lease_expires_at, connection),
+        *expiry_params,
         *(prep("id", uuid.UUID(task_id), connection) for task_id in ids),
         *tokens,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        held = {str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()}
-    return set(ids) - held
+        held = {(str(uuid.UUID(str(row[0]))), row[1]) for row in cursor.fetchall()}
+    return set(leases) - held
 
 
-def expired_tasks(
-    database: str, backend_name: str, now: datetime, limit: int = 100
-) -> list[ClaimedTask]:
-    """Running tasks of this backend whose lease ran out, oldest expiry first."""
-    rows = (
-        TaskRecord.objects.using(database)
-        .filter(
-            backend_name=backend_name,
-            status=TaskResultStatus.RUNNING,
-            lease_expires_at__lt=now,
-        )
-        .order_by("lease_expires_at")
-        .values_list(*CLAIM_COLUMNS)[:limit]
+def expired_tasks(database: str, backend_name: str, limit: int = 100) -> list[ClaimedTask]:
+    """Running tasks of this backend whose lease ran out by the database's clock, oldest
+    expiry first.
+
+    Read with plain SQL and decoded by ``claimed_from_row``, never by the ORM's JSON
+    fields: a hostile row (JSON nested too deep to parse) must read as corrupt, not
+    raise and stop every reaper round.
+    """
+    connection = connections[database]
+    quote = connection.ops.quote_name
+    t = quote(table())
+    selected = ", ".join(f"{t}.{quote(column(name))}" for name in CLAIM_COLUMNS)
+    sql = (
+        f"SELECT {selected} FROM {t} "
+        f"WHERE {quote(column('backend_name'))} = %s "
+        f"AND {quote(column('status'))} = '{RUNNING}' "
+        f"AND {quote(column('lease_expires_at'))} < {dialect_for(connection).now_sql} "
+        f"ORDER BY {quote(column('lease_expires_at'))} LIMIT %s"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [backend_name, limit])
+        rows = cursor.fetchall()
     return [claimed_from_row(row) for row in rows]
 
 

@@ -19,20 +19,21 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from types import FrameType
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
-from django.utils import timezone
 
 from ..compat import task_backends
 from ..db import dialect_for
 from ..db.store import apply_transition, register_worker, remove_worker
-from ..lifecycle import ClaimedTask, Released, transition
+from ..lifecycle import ClaimedTask, Released
+from .dbclock import DatabaseClock
 from .doers import Doer, make_doer
 from .execution import TaskRunner
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, Lease
+from .outcome import outcome_for
 from .reaper import reap_expired
 from .reporter import Reporter
 from .slots import Slots
@@ -111,23 +112,26 @@ def build_groups(backend_settings, queues: Sequence[str]) -> list[QueueGroup]:  
 class Worker:
     """One worker process. ``run()`` returns the exit code."""
 
-    def __init__(self, config: WorkerConfig, clock: Callable[[], datetime] = timezone.now) -> None:
+    def __init__(self, config: WorkerConfig, clock: Callable[[], datetime] | None = None) -> None:
         self.config = config
-        self.clock = clock
         self.backend = task_backends[config.backend_alias]
         self.database = self.backend.settings.database
+        # The host's clock corrected to the database's, unless a test brings its own.
+        self.database_clock = DatabaseClock(self.database) if clock is None else None
+        self.clock: Callable[[], datetime] = clock or self.database_clock  # type: ignore[assignment]
         self.groups = build_groups(self.backend.settings, config.queues)
-        self.reporter = Reporter(self.database, persist_deadline=config.visibility_timeout)
+        self.reporter = Reporter(
+            self.database, persist_deadline=config.visibility_timeout, clock=self.clock
+        )
         self.runner = TaskRunner(
             self.backend,
-            clock=clock,
+            clock=self.clock,
             reporter=self.reporter,
             on_written=self._on_written,
             schedule=self._schedule,
             log_each_task=config.log_each_task,
             on_settle=self._mark_settling,
         )
-        self.visibility = timedelta(seconds=config.visibility_timeout)
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
         self.halt = threading.Event()  # stops background threads after shutdown
@@ -135,20 +139,27 @@ class Worker:
             queue.SimpleQueue()
         )
         self._run_seconds: float | None = None  # moving average; main thread only
-        self._leased: dict[str, ClaimedTask] = {}
-        self._settling: set[str] = set()  # outcome being written: lease ends on purpose
+        # Keyed by (id, lease token): after a lost lease the same task may be claimed
+        # again, and the old attempt settling must not end the new attempt's lease.
+        self._leased: dict[Lease, ClaimedTask] = {}
+        self._settling: set[Lease] = set()  # outcome being written: lease ends on purpose
         self._leased_lock = threading.Lock()
         self._claimed_total = 0
         self._group_cursor = 0
         self._claim_cursor = 0
         self.signals_received = 0
         self.listening = False
-        self._pool = Slots(config.concurrency, name_prefix="tasks-slot")
+        self._pool = Slots(
+            config.concurrency, name_prefix="tasks-slot", on_exit=connections.close_all
+        )
+        self._threads: list[threading.Thread] = []  # background threads, joined at exit
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> int:
         self._install_signal_handlers()
+        if self.database_clock is not None:
+            self.database_clock.sync()
         register_worker(
             self.database,
             worker_id=self.config.worker_id,
@@ -165,8 +176,10 @@ class Worker:
             clock=self.clock,
             visibility_timeout=self.config.visibility_timeout,
             stop=self.halt,
+            sync_clock=self.database_clock.sync if self.database_clock is not None else None,
         )
         heartbeat.start()
+        self._threads.append(heartbeat)
         self.reporter.start()
         self.listening = (
             self.config.listen
@@ -174,15 +187,28 @@ class Worker:
             and dialect_for(connections[self.database]).supports_notify
         )
         if self.listening:
-            NotifyListener(self.database, self.config.queues, self.wakeup, self.halt).start()
-        # Return what dead workers left behind before the first claim (matters for --burst).
-        reap_expired(self.backend, self.clock)
+            listener = NotifyListener(self.database, self.config.queues, self.wakeup, self.halt)
+            listener.start()
+            self._threads.append(listener)
         abandoned = 0
         try:
+            # Return what dead workers left behind before the first claim (matters for
+            # --burst); a failure here is the heartbeat's to retry, not fatal.
+            self._reap_at_start()
             self._loop()
         finally:
             abandoned = self._shutdown()
         return 1 if abandoned else 0
+
+    def _reap_at_start(self) -> None:
+        try:
+            reap_expired(self.backend, self.clock)
+        except DatabaseError as exc:
+            logger.warning("Returning expired leases at start failed (%s); will retry.", exc)
+            with contextlib.suppress(Exception):
+                connections[self.database].close()
+        except Exception:
+            logger.exception("Returning expired leases at start failed; will retry.")
 
     def request_stop(self) -> None:
         self.stopping.set()
@@ -279,6 +305,12 @@ class Worker:
         connection = connections[self.database]
         dialect = dialect_for(connection)
         total = 0
+        try:
+            connection.ensure_connection()
+            dialect.bound_worker_statements(connection, self.config.visibility_timeout)
+        except (OperationalError, InterfaceError) as exc:
+            self._database_trouble(exc)
+            return 0
         # Every doer gets a fair share of the free slots, starting with a different doer
         # each round, so one busy queue group cannot starve the others.
         offset = self._claim_cursor % len(self.groups)
@@ -289,7 +321,6 @@ class Worker:
             wanted = group.doer.capacity(share)
             if wanted <= 0:
                 continue
-            now = self.clock()
             try:
                 claimed = dialect.claim(
                     connection,
@@ -298,8 +329,7 @@ class Worker:
                     limit=wanted,
                     worker_id=self.config.worker_id,
                     lease_token=uuid.uuid4().hex,
-                    now=now,
-                    lease_expires_at=now + self.visibility,
+                    visibility_timeout=self.config.visibility_timeout,
                 )
             except (OperationalError, InterfaceError) as exc:
                 self._database_trouble(exc)
@@ -313,7 +343,7 @@ class Worker:
                 continue
             with self._leased_lock:
                 for task in claimed:
-                    self._leased[task.id] = task
+                    self._leased[_lease(task)] = task
             group.doer.admit(claimed)
             self._claimed_total += len(claimed)
             free -= len(claimed)
@@ -350,11 +380,12 @@ class Worker:
             self._finished.put((task, group, time.perf_counter() - began))
             self.wakeup.set()
 
-    def _on_written(self, task_id: str) -> None:
-        """Reporter thread: the task's outcome is written (or refused); its lease is over."""
+    def _on_written(self, task: ClaimedTask) -> None:
+        """Reporter thread: the attempt's outcome is written (or refused); its lease is over."""
+        lease = _lease(task)
         with self._leased_lock:
-            self._leased.pop(task_id, None)
-            self._settling.discard(task_id)
+            self._leased.pop(lease, None)
+            self._settling.discard(lease)
         self.wakeup.set()
 
     def _schedule(self, job: Callable[[], None]) -> None:
@@ -378,19 +409,15 @@ class Worker:
 
     # -- leases -------------------------------------------------------------------------
 
-    def _mark_settling(self, task_id: str) -> None:
+    def _mark_settling(self, task: ClaimedTask) -> None:
         with self._leased_lock:
-            self._settling.add(task_id)
+            self._settling.add(_lease(task))
 
-    def _lease_snapshot(self) -> list[tuple[str, str]]:
+    def _lease_snapshot(self) -> list[Lease]:
         with self._leased_lock:
-            return [
-                (task.id, task.lease_token)
-                for task in self._leased.values()
-                if task.id not in self._settling
-            ]
+            return [lease for lease in self._leased if lease not in self._settling]
 
-    def _on_leases_lost(self, lost: set[str]) -> None:
+    def _on_leases_lost(self, lost: set[Lease]) -> None:
         with self._leased_lock:
             lost = (lost & self._leased.keys()) - self._settling
         if not lost:
@@ -399,7 +426,7 @@ class Worker:
             "Lost the lease of %d task(s) (taken over after expiry): %s; their outcomes "
             "will not be written by this worker.",
             len(lost),
-            ", ".join(sorted(lost)[:10]),
+            ", ".join(sorted(task_id for task_id, _ in lost)[:10]),
         )
 
     # -- shutdown -----------------------------------------------------------------------
@@ -411,7 +438,7 @@ class Worker:
             for task in group.doer.drain():
                 self._release(task)
                 with self._leased_lock:
-                    self._leased.pop(task.id, None)
+                    self._leased.pop(_lease(task), None)
         deadline = time.monotonic() + self.config.shutdown_timeout
         while True:
             self._collect_finished()
@@ -436,12 +463,21 @@ class Worker:
             logger.warning("Could not remove the worker row (%s).", exc)
         # Queued jobs are task_finished sends for outcomes already written: let them run.
         self._pool.shutdown(wait=not abandoned, cancel_pending=bool(abandoned))
+        # The listener and the heartbeat close their own connections when they stop: wait
+        # for that, so a caller (a test running the worker in-process) finds no session
+        # of ours left open. Each stops within about a second of ``halt``.
+        for thread in self._threads:
+            thread.join(timeout=self.config.visibility_timeout + 2.0)
         connections[self.database].close()
         return abandoned
 
     def _release(self, task: ClaimedTask) -> None:
-        outcome = transition(task, Released(), policy=self.backend.settings.retry, now=self.clock())
+        outcome = outcome_for(self.backend, task, Released(), task=None, now=self.clock())
         try:
             apply_transition(self.database, task, outcome)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
+
+
+def _lease(task: ClaimedTask) -> Lease:
+    return (task.id, task.lease_token)

@@ -1,8 +1,11 @@
 """Running one claimed task: resolve, call, decide the outcome, write it (fenced), signal.
 
 Nothing a task does can crash the worker: every exception, including ``SystemExit`` and
-``KeyboardInterrupt`` raised by task code, becomes the attempt's outcome. A row that
-cannot run at all (unknown path, corrupt arguments) is dead-lettered with the reason.
+``KeyboardInterrupt`` raised by task code, becomes the attempt's outcome, and formatting
+it never raises (``lifecycle.describe``). A row that cannot run at all (unknown path,
+corrupt arguments) is dead-lettered with the reason. After every attempt the thread's
+connections are cleaned (``hygiene``): a transaction the task left open is rolled back,
+and the attempt fails with ``TransactionLeaked`` rather than report a lost success.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from .. import compat
 from ..codec import DecodeError, EncodeError, decode_call, to_json
@@ -33,6 +36,7 @@ from ..exceptions import (
     TaskDeferred,
     TaskNotRegistered,
     TaskTimeout,
+    TransactionLeaked,
 )
 from ..lifecycle import (
     Aborted,
@@ -43,12 +47,15 @@ from ..lifecycle import (
     Succeeded,
     Transition,
     deferred_until,
+    describe,
+    exception_path,
     format_traceback,
-    transition,
 )
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
 from ..stored import CorruptJson
+from .hygiene import clean_up_after_attempt, refresh_connections
+from .outcome import outcome_for
 from .timeouts import AttemptTimer
 
 if TYPE_CHECKING:
@@ -94,7 +101,7 @@ def prepare_call(task: compat.Task, claimed: ClaimedTask) -> tuple[list[Any], di
     """
     for name, value in (("args", claimed.args), ("kwargs", claimed.kwargs)):
         if isinstance(value, CorruptJson):
-            raise DecodeError(name, f"is not valid JSON ({value.problem}).")
+            raise DecodeError(name, f"cannot be read as JSON ({value.problem}).")
     args, kwargs = decode_call(claimed.args, claimed.kwargs)
     schema = compiled_schema(task)
     if schema is None:
@@ -116,10 +123,10 @@ class TaskRunner:
         *,
         clock: Clock,
         reporter: Reporter,
-        on_written: Callable[[str], None],
+        on_written: Callable[[ClaimedTask], None],
         schedule: Callable[[Callable[[], None]], object],
         log_each_task: bool = False,
-        on_settle: Callable[[str], None] | None = None,
+        on_settle: Callable[[ClaimedTask], None] | None = None,
     ) -> None:
         self.backend = backend
         self.database = backend.settings.database
@@ -137,7 +144,7 @@ class TaskRunner:
         """Run one claimed task on this thread and hand its outcome to the reporter.
 
         Returns as soon as the outcome is queued, so the thread is free for the next task
-        while the outcome waits for its group commit; ``on_written(task_id)`` reports the end.
+        while the outcome waits for its group commit; ``on_written(claimed)`` reports the end.
         """
         started = time.monotonic()
         try:
@@ -146,23 +153,32 @@ class TaskRunner:
             logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
             self._fail_unexpectedly(claimed, exc, started)
         finally:
-            _reset_connection_if_broken(self.database)
+            # Whatever path was taken, the next attempt on this thread starts clean.
+            clean_up_after_attempt()
 
     def _fail_unexpectedly(self, claimed: ClaimedTask, exc: BaseException, began: float) -> None:
-        """Record the attempt as failed (the policy decides) rather than wait for the reaper."""
+        """Record the attempt as failed, by the task's own policy and ordering option,
+        rather than wait for the reaper; a final outcome still sends ``task_finished``."""
         try:
-            outcome = transition(
-                claimed,
-                Failed(exc, format_traceback(exc)),
-                policy=self.backend.settings.retry,
-                now=self.clock(),
+            try:
+                task: compat.Task | None = resolve_task(claimed.task_path)
+            except TaskNotRegistered:
+                task = None
+            now = self.clock()
+            outcome = outcome_for(
+                self.backend, claimed, Failed(exc, format_traceback(exc)), task=task, now=now
             )
-            self._hand_off(claimed, outcome, began, announce=None)
+            announce = None
+            if task is not None and outcome.is_final:
+                result = result_from_claim(task, claimed, now)
+                _update_result(result, outcome, now)
+                announce = partial(self._announce, result, exc)
+            self._hand_off(claimed, outcome, began, announce=announce)
         except BaseException:
             logger.exception(
                 "Task %s: could not record the failure; its lease will expire.", claimed.id
             )
-            self.on_written(claimed.id)
+            self.on_written(claimed)
 
     def _cancel_requested(self, claimed: ClaimedTask) -> bool:
         """Whether a cancel was asked for; False when the database cannot say right now."""
@@ -170,7 +186,7 @@ class TaskRunner:
             return cancel_requested(self.database, claimed.id)
         except DatabaseError as exc:
             logger.warning("Task %s: could not check for a cancel request (%s).", claimed.id, exc)
-            _reset_connection_if_broken(self.database)
+            clean_up_after_attempt()
             return False
 
     def _run(self, claimed: ClaimedTask, began: float) -> None:
@@ -188,44 +204,71 @@ class TaskRunner:
 
         started = self.clock()
         result = result_from_claim(task, claimed, started)
+        value, raised = self._call_task(task, result, args, kwargs)
+        # Before anything else touches this thread's connections (the cancel check below).
+        leaked = clean_up_after_attempt()
+        event, exception = self._classify(claimed, value, raised, leaked)
+        return self._settle(claimed, task, result, event, started, began, exception)
+
+    def _call_task(
+        self, task: compat.Task, result: compat.TaskResult, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[Any, BaseException | None]:
+        """Send ``task_started`` and call the task: ``(value, None)`` or ``(None, raised)``."""
         try:
             compat.task_started.send(sender=type(self.backend), task_result=result)
-            value = _call(task, result, args, kwargs)
-            try:
-                stored = to_json(value, "return value")
-            except EncodeError as exc:
-                raise ReturnValueNotSerializable(
-                    f"{claimed.task_path} returned a value that cannot be stored: {exc}"
-                ) from exc
-        except TaskDeferred as exc:
-            event: Event = Deferred(deferred_until(self.clock(), exc.delay, exc.run_after))
-            return self._settle(claimed, task, result, event, started, began)
-        except (Abort, Cancelled, ReturnValueNotSerializable) as exc:
-            aborted = Aborted(exc, format_traceback(exc))
-            return self._settle(claimed, task, result, aborted, started, began, exc)
+            return _call(task, result, args, kwargs), None
         except BaseException as exc:  # task code may raise anything, even SystemExit
-            failure: Event = Failed(exc, format_traceback(exc))
-            if self._cancel_requested(claimed):
-                # Cancelled while running: recorded as a cancellation, never retried.
-                cancelled = Cancelled(f"cancelled while running; it then raised {exc!r}")
-                failure = Aborted(cancelled, format_traceback(exc), reason=str(cancelled))
-            return self._settle(claimed, task, result, failure, started, began, exc)
-        else:
-            return self._settle(claimed, task, result, Succeeded(stored), started, began)
+            return None, exc
+
+    def _classify(
+        self, claimed: ClaimedTask, value: Any, raised: BaseException | None, leaked: list[str]
+    ) -> tuple[Event, BaseException | None]:
+        """What the attempt amounts to, and the exception ``task_finished`` re-raises."""
+        if leaked and (raised is None or isinstance(raised, TaskDeferred)):
+            # Its writes inside the open transaction were rolled back: not a success.
+            error = TransactionLeaked(
+                f"{claimed.task_path} left a transaction open on database "
+                f"{', '.join(map(repr, leaked))}; it was rolled back, so the writes made "
+                "inside it are lost. Use transaction.atomic() as a 'with' block (or "
+                "decorator) so that it is always closed."
+            )
+            return Failed(error, format_traceback(error)), error
+        if leaked:
+            logger.warning(
+                "Task %s (%s) raised and left a transaction open on %s; it was rolled back.",
+                claimed.id,
+                claimed.task_path,
+                ", ".join(leaked),
+            )
+        if raised is None:
+            try:
+                return Succeeded(to_json(value, "return value")), None
+            except EncodeError as exc:
+                error = ReturnValueNotSerializable(
+                    f"{claimed.task_path} returned a value that cannot be stored: {exc}"
+                )
+                error.__cause__ = exc
+                return Aborted(error, format_traceback(error)), error
+        if isinstance(raised, TaskDeferred):
+            return Deferred(deferred_until(self.clock(), raised.delay, raised.run_after)), None
+        if isinstance(raised, Abort | Cancelled):
+            return Aborted(raised, format_traceback(raised)), raised
+        if self._cancel_requested(claimed):
+            # Cancelled while running: recorded as a cancellation, never retried.
+            cancelled = Cancelled(
+                f"cancelled while running; it then raised {exception_path(raised)}: "
+                f"{describe(raised)}"
+            )
+            return Aborted(cancelled, format_traceback(raised), reason=str(cancelled)), raised
+        return Failed(raised, format_traceback(raised)), raised
 
     def _settle_unrunnable(
         self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None, began: float
     ) -> None:
         """Dead-letter a row that cannot run; no signals, since the task never started."""
-        event = Aborted(exc, format_traceback(exc), reason=str(exc))
-        outcome = transition(
-            claimed,
-            event,
-            policy=self.backend.settings.retry,
-            now=self.clock(),
-            block_ordering=_blocks_ordering(task),
-        )
-        logger.error("Task %s dead-lettered: %s", claimed.id, exc)
+        event = Aborted(exc, format_traceback(exc), reason=describe(exc))
+        outcome = outcome_for(self.backend, claimed, event, task=task, now=self.clock())
+        logger.error("Task %s dead-lettered: %s", claimed.id, describe(exc))
         self._hand_off(claimed, outcome, began, announce=None)
 
     def _settle(
@@ -245,14 +288,7 @@ class TaskRunner:
         ``sys.exc_info()`` as Django documents, and the row already shows the outcome.
         """
         now = self.clock()
-        outcome = transition(
-            claimed,
-            event,
-            policy=self.backend.retry_policy_for(task),
-            now=now,
-            block_ordering=_blocks_ordering(task),
-            started=started,
-        )
+        outcome = outcome_for(self.backend, claimed, event, task=task, now=now, started=started)
         announce = None
         if outcome.is_final:
             _update_result(result, outcome, now)
@@ -269,7 +305,7 @@ class TaskRunner:
     ) -> None:
         if self.on_settle is not None:
             # From here on the lease may end by our own write: not a lost lease.
-            self.on_settle(claimed.id)
+            self.on_settle(claimed)
         seconds = time.monotonic() - began
         self.reporter.submit(
             claimed, outcome, partial(self._after_write, claimed, outcome.status, seconds, announce)
@@ -303,7 +339,7 @@ class TaskRunner:
                 claimed.attempt,
                 "" if landed else " [result discarded: lease lost]",
             )
-        self.on_written(claimed.id)
+        self.on_written(claimed)
 
     def after_batch(self) -> None:
         """Reporter thread, after a batch: send its ``task_finished`` signals on a worker
@@ -329,12 +365,14 @@ class TaskRunner:
 
 
 def _run_all(jobs: list[Callable[[], None]]) -> None:
+    # The outcomes were written on another connection; this thread's may have gone stale
+    # meanwhile (a database restart): receivers must not all fail on a dead connection.
+    try:
+        refresh_connections()
+    except Exception:
+        logger.exception("Could not refresh the database connection before task_finished")
     for job in jobs:
         job()  # each one catches and logs its own failures
-
-
-def _blocks_ordering(task: compat.Task | None) -> bool:
-    return getattr(task, "ordering_failure", "continue") == "block"
 
 
 def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime) -> None:
@@ -346,13 +384,3 @@ def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime
         object.__setattr__(result, "_return_value", value)
     if outcome.error is not None:
         result.errors.extend(task_errors([outcome.error]))
-
-
-def _reset_connection_if_broken(database: str) -> None:
-    """Drop this thread's connection if task code broke it, so the next use reconnects."""
-    connection = connections[database]
-    if connection.connection is None or not connection.errors_occurred:
-        return
-    if not connection.is_usable():
-        connection.close()
-    connection.errors_occurred = False

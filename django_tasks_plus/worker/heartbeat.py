@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
 
+from ..db import dialect_for
 from ..db.store import heartbeat_worker, prune_workers, renew_leases
 from .reaper import reap_expired
 
@@ -21,21 +22,30 @@ logger = logging.getLogger("django_tasks_plus.worker")
 # A worker row silent for this many visibility timeouts belongs to a dead process.
 STALE_WORKER_FACTOR = 10
 
+Lease = tuple[str, str]
+"""A held lease: (task id, lease token). A task can be claimed again after its lease was
+lost, so the id alone does not name one attempt."""
+
 
 class Heartbeat(threading.Thread):
     """Every ``interval`` seconds: renew in-flight leases in one statement, touch the
-    worker row, and reap leases that other (dead) workers let expire."""
+    worker row, and reap leases that other (dead) workers let expire.
+
+    Renewal comes first in each round, so after a stall (a locked table, a paused
+    process) this worker's own live leases are extended before any reaping is done.
+    """
 
     def __init__(
         self,
         backend: DatabaseBackend,
         *,
         worker_id: str,
-        leases: Callable[[], Iterable[tuple[str, str]]],
-        on_lost: Callable[[set[str]], None],
+        leases: Callable[[], Iterable[Lease]],
+        on_lost: Callable[[set[Lease]], None],
         clock: Callable[[], datetime],
         visibility_timeout: float,
         stop: threading.Event,
+        sync_clock: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="tasks-heartbeat", daemon=True)
         self.backend = backend
@@ -44,27 +54,39 @@ class Heartbeat(threading.Thread):
         self.leases = leases
         self.on_lost = on_lost
         self.clock = clock
-        self.visibility = timedelta(seconds=visibility_timeout)
+        self.sync_clock = sync_clock
+        self.visibility_timeout = visibility_timeout
         self.interval = max(0.05, visibility_timeout / 3)
         self.stop = stop
 
     def run(self) -> None:
         try:
             while not self.stop.wait(self.interval):
-                self.beat()
+                try:
+                    self.beat()
+                except BaseException:  # this thread keeps every lease alive: never die
+                    logger.exception("Heartbeat failed unexpectedly; will retry")
         finally:
             connections[self.database].close()
 
     def beat(self) -> None:
         """One round of upkeep; failures are logged and retried next round."""
         try:
-            now = self.clock()
-            lost = renew_leases(self.database, self.leases(), now + self.visibility)
+            connection = connections[self.database]
+            connection.ensure_connection()
+            dialect_for(connection).bound_worker_statements(connection, self.visibility_timeout)
+            lost = renew_leases(self.database, self.leases(), self.visibility_timeout)
             if lost:
                 self.on_lost(lost)
+            if self.sync_clock is not None:
+                self.sync_clock()
+            now = self.clock()
             heartbeat_worker(self.database, self.worker_id, now)
             reap_expired(self.backend, self.clock)
-            prune_workers(self.database, now - self.visibility * STALE_WORKER_FACTOR)
+            prune_workers(
+                self.database,
+                now - timedelta(seconds=self.visibility_timeout) * STALE_WORKER_FACTOR,
+            )
         except DatabaseError as exc:
             logger.warning("Heartbeat failed (%s); will retry", exc)
             connections[self.database].close()

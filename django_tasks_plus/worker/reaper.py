@@ -2,9 +2,10 @@
 
 A worker that dies (SIGKILL, OOM, lost host) stops renewing its leases. Any live
 worker's reaper then treats each such attempt as failed with ``LeaseExpired``: the task's
-retry policy decides between READY (attempt counted) and dead letter. Each write is fenced
-by the dead worker's token and by the lease still being expired, so two reapers, or a
-worker that wakes up late, cannot both win.
+retry policy decides between READY (attempt counted) and dead letter. Expiry is judged by
+the database's clock, so a worker on a host whose clock runs ahead cannot take a live
+task. Each write is fenced by the dead worker's token and by the lease still being
+expired, so two reapers, or a worker that wakes up late, cannot both win.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.db import DatabaseError
+
+from .. import compat
 from ..db.store import apply_transition, expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
-from ..lifecycle import Aborted, Event, Failed, transition
+from ..lifecycle import Aborted, ClaimedTask, Event, Failed
+from .outcome import outcome_for
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
@@ -26,34 +31,44 @@ logger = logging.getLogger("django_tasks_plus.worker")
 
 
 def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit: int = 100) -> int:
-    """Settle up to ``limit`` expired leases; return how many this call settled."""
-    database = backend.settings.database
-    now = clock()
+    """Settle up to ``limit`` expired leases; return how many this call settled.
+
+    A row that cannot be settled is logged and skipped: one hostile row must not stop
+    the others from being returned. Database errors are the caller's to retry.
+    """
     settled = 0
-    for claimed in expired_tasks(database, backend.alias, now, limit):
-        holder = claimed.worker_ids[-1] if claimed.worker_ids else "unknown"
-        policy = backend.settings.retry
-        block = False
-        event: Event
+    for claimed in expired_tasks(backend.settings.database, backend.alias, limit):
         try:
-            task = resolve_task(claimed.task_path)
-            policy = backend.retry_policy_for(task)
-            block = getattr(task, "ordering_failure", "continue") == "block"
-            event = Failed(
-                LeaseExpired(
-                    f"worker {holder} stopped renewing its lease during attempt {claimed.attempt}"
-                )
-            )
-        except TaskNotRegistered as exc:
-            event = Aborted(exc, reason=str(exc))
-        outcome = transition(claimed, event, policy=policy, now=now, block_ordering=block)
-        if apply_transition(database, claimed, outcome, lease_expired_before=now):
-            settled += 1
-            logger.warning(
-                "Task %s (%s): lease of worker %s expired; now %s",
-                claimed.id,
-                claimed.task_path,
-                holder,
-                outcome.status,
-            )
+            settled += _reap(backend, claimed, clock())
+        except DatabaseError:
+            raise
+        except Exception:
+            logger.exception("Could not return the expired lease of task %s", claimed.id)
     return settled
+
+
+def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool:
+    holder = claimed.worker_ids[-1] if claimed.worker_ids else "unknown"
+    task: compat.Task | None
+    event: Event
+    try:
+        task = resolve_task(claimed.task_path)
+        event = Failed(
+            LeaseExpired(
+                f"worker {holder} stopped renewing its lease during attempt {claimed.attempt}"
+            )
+        )
+    except TaskNotRegistered as exc:
+        task = None
+        event = Aborted(exc, reason=str(exc))
+    outcome = outcome_for(backend, claimed, event, task=task, now=now)
+    if not apply_transition(backend.settings.database, claimed, outcome, only_if_expired=True):
+        return False
+    logger.warning(
+        "Task %s (%s): lease of worker %s expired; now %s",
+        claimed.id,
+        claimed.task_path,
+        holder,
+        outcome.status,
+    )
+    return True

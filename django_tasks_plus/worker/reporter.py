@@ -15,11 +15,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections
 
+from ..db import dialect_for
 from ..db.completions import apply_transitions
-from ..lifecycle import ClaimedTask, Transition
+from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -30,12 +32,19 @@ _STOP = object()
 Written = Callable[[bool], None]
 """Called with whether the outcome's row landed; must be quick and must not raise."""
 
+# A lost connection (or a statement bounded by the worker's timeouts): worth retrying
+# the whole batch. Anything else is about the batch's content: find the row it is in.
+_TRANSIENT = (OperationalError, InterfaceError)
+
 
 class Reporter(threading.Thread):
-    def __init__(self, database: str, *, persist_deadline: float) -> None:
+    def __init__(
+        self, database: str, *, persist_deadline: float, clock: Callable[[], datetime]
+    ) -> None:
         super().__init__(name="tasks-reporter", daemon=True)
         self.database = database
         self.persist_deadline = persist_deadline
+        self.clock = clock
         self.after_batch: Callable[[], None] | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -71,15 +80,19 @@ class Reporter(threading.Thread):
         finally:
             connections[self.database].close()
 
+    def _write(self, completions: list[tuple[ClaimedTask, Transition]]) -> list[bool]:
+        connection = connections[self.database]
+        connection.ensure_connection()
+        dialect_for(connection).bound_worker_statements(connection, self.persist_deadline)
+        return apply_transitions(self.database, completions)
+
     def _flush(self, batch: list) -> None:  # type: ignore[type-arg]
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
         while True:
             try:
-                landed = apply_transitions(
-                    self.database, [(claimed, outcome) for claimed, outcome, _ in batch]
-                )
-            except (OperationalError, InterfaceError) as exc:
+                landed = self._write([(claimed, outcome) for claimed, outcome, _ in batch])
+            except _TRANSIENT as exc:
                 connections[self.database].close()
                 if time.monotonic() + delay > deadline:
                     logger.error(
@@ -94,13 +107,16 @@ class Reporter(threading.Thread):
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
-            except DatabaseError:
-                # One bad row must not sink its neighbours: write them one by one.
+            except Exception:
+                # One bad row (a value the database or the driver refuses) must not sink
+                # its neighbours: write them one by one.
+                logger.warning(
+                    "Writing %d outcome(s) together failed; writing them one by one.",
+                    len(batch),
+                    exc_info=True,
+                )
                 self._flush_one_by_one(batch)
                 return
-            except Exception:  # never strand the tasks: their leases will expire
-                logger.exception("Could not write %d outcome(s)", len(batch))
-                landed = [False] * len(batch)
             for (_, _, written), ok in zip(batch, landed, strict=True):
                 written(ok)
             return
@@ -108,8 +124,30 @@ class Reporter(threading.Thread):
     def _flush_one_by_one(self, batch: list) -> None:  # type: ignore[type-arg]
         for claimed, outcome, written in batch:
             try:
-                [ok] = apply_transitions(self.database, [(claimed, outcome)])
-            except Exception:
+                [ok] = self._write([(claimed, outcome)])
+            except _TRANSIENT:
                 logger.exception("Could not write the outcome of task %s", claimed.id)
+                connections[self.database].close()
                 ok = False
+            except Exception as exc:
+                self._record_unstorable(claimed, outcome, exc)
+                ok = False  # the intended outcome did not land: nothing is announced for it
             written(ok)
+
+    def _record_unstorable(self, claimed: ClaimedTask, outcome: Transition, exc: Exception) -> bool:
+        """Dead-letter the task with ``OutcomeNotStorable`` in place of an outcome the
+        database refused; False if even that cannot be written (the lease then expires)."""
+        logger.error(
+            "Task %s: its outcome (%s) cannot be stored (%s); dead-lettering it instead.",
+            claimed.id,
+            outcome.status,
+            type(exc).__name__,
+        )
+        try:
+            fallback = unstorable_outcome(claimed, outcome, exc, now=self.clock())
+            [ok] = self._write([(claimed, fallback)])
+        except Exception:
+            logger.exception("Task %s: could not record the failure either", claimed.id)
+            connections[self.database].close()
+            return False
+        return ok

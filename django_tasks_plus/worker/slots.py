@@ -20,9 +20,11 @@ _STOP = None
 
 
 class Slots:
-    """``count`` threads named ``<prefix>_<n>``, started at once."""
+    """``count`` threads named ``<prefix>_<n>``, started at once; each calls ``on_exit``
+    (if given) as it ends, to release what it held (its database connections)."""
 
-    def __init__(self, count: int, *, name_prefix: str) -> None:
+    def __init__(self, count: int, *, name_prefix: str, on_exit: Job | None = None) -> None:
+        self._on_exit = on_exit
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._closed = False
         self._lock = threading.Lock()
@@ -58,11 +60,18 @@ class Slots:
                 thread.join()
 
     def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is _STOP:
-                return
-            try:
-                job()
-            except BaseException:  # a job must never take its thread down
-                logger.exception("A worker thread job failed")
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is _STOP:
+                    return
+                try:
+                    job()
+                except BaseException:  # a job must never take its thread down
+                    logger.exception("A worker thread job failed")
+        finally:
+            if self._on_exit is not None:
+                try:
+                    self._on_exit()
+                except Exception:
+                    logger.exception("A worker thread failed to clean up as it ended")

@@ -8,8 +8,11 @@ Configuration comes from environment variables only (no ``.env`` file is read):
 ``DATABASE_URL``     default: SQLite file ``testproject/db.sqlite3``
 ``TEST_SQLITE_NAME`` SQLite test database file (default ``testproject/test_db.sqlite3``)
 ``TASKS_LOG_LEVEL``  level of the ``django_tasks_plus`` logger (default ``INFO``)
+``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
+                     startup (default: see ``_task_modules_outside_apps``)
 """
 
+import sys
 from pathlib import Path
 
 import django
@@ -71,6 +74,28 @@ INSTALLED_APPS += [
     "django_tasks_plus",
     "example",
 ]
+
+
+def _task_modules_outside_apps() -> list[str]:
+    """Task modules that live outside installed apps and are on the path of this process.
+
+    A worker runs a task only if its module is already imported or belongs to an installed
+    app (docs/tasks.md#where-tasks-live). The test suite's tasks (``tests/tasks.py``) and
+    the chaos and benchmark tasks (``bench/``) are not in an app, so the example app
+    imports them at startup, as a project would from its own ``AppConfig.ready()``. The
+    ``tests`` package stays outside INSTALLED_APPS on purpose: its ``exits_on_import``
+    module must never be importable by a worker.
+    """
+    repo = BASE_DIR.parent
+    on_path = {Path(entry).resolve() for entry in sys.path if entry}
+    if repo / "bench" in on_path:  # bench/chaos processes: bench tasks only
+        return ["benchtasks", "chaostasks"]
+    if repo in on_path and (repo / "tests" / "tasks.py").is_file():
+        return ["tests.tasks"]
+    return []
+
+
+EXTRA_TASK_MODULES = env.list("EXTRA_TASK_MODULES", default=_task_modules_outside_apps())
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

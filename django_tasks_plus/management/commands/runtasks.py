@@ -14,6 +14,7 @@ from django.db import connections
 
 from ...backend import DatabaseBackend
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
+from ...conf import queue_name_problem
 from ...exceptions import TasksPlusError
 from ...worker.engine import (
     MAX_ADAPTIVE_PREFETCH,
@@ -45,6 +46,13 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise ArgumentTypeError(f"must be at least 1, got {number}")
     return number
+
+
+def _worker_id(value: str) -> str:
+    """A worker id names the worker in results and logs: a blank one would name nobody."""
+    if not value.strip():
+        raise ArgumentTypeError(f"must not be empty or blank, got {value!r}")
+    return value
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -106,7 +114,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-tasks", type=_positive_int, help="Exit after running this many tasks."
         )
-        parser.add_argument("--worker-id", help="Name of this worker (default: host-pid-random).")
+        parser.add_argument(
+            "--worker-id",
+            type=_worker_id,
+            help="Name of this worker (default: host-pid-random).",
+        )
         parser.add_argument(
             "--visibility-timeout",
             type=_positive_float,
@@ -123,13 +135,32 @@ class Command(BaseCommand):
             help="Longest wait between polls when idle (default: OPTIONS, 1.0).",
         )
 
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        # Create the backend before the system checks do, so that a bad TASKS entry ends
+        # as a one-line CommandError naming the key, not as a traceback from the checks.
+        self._backend(options["backend"])
+        return super().execute(*args, **options)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().check(*args, **kwargs)
+        except (InvalidTaskBackend, TasksPlusError) as exc:  # another alias's entry
+            raise CommandError(str(exc)) from exc
+
     def handle(self, *args: Any, **options: Any) -> None:
         verbosity = int(options["verbosity"])
         _configure_logging(verbosity)
         backend = self._backend(options["backend"])
         settings = backend.settings
         queues = self._queues(backend, options["queues"])
-        worker_id = options["worker_id"] or default_worker_id()
+        worker_id = options["worker_id"]
+        if worker_id is None:
+            worker_id = default_worker_id()
+        else:  # call_command() passes options without argparse's type check
+            try:
+                _worker_id(worker_id)
+            except ArgumentTypeError as exc:
+                raise CommandError(f"--worker-id {exc}") from None
         processes = options["processes"]
         suffix_room = len(f"-{processes}") if processes > 1 else 0
         if len(worker_id) + suffix_room > WORKER_ID_MAX_LENGTH:
@@ -196,6 +227,18 @@ class Command(BaseCommand):
 
     def _queues(self, backend: DatabaseBackend, requested: list[str] | None) -> tuple[str, ...]:
         served = sorted(backend.settings.queues)
+        if not served:  # QUEUES: [] lets tasks name any queue; the worker must be told which
+            if not requested or "*" in requested:
+                raise CommandError(
+                    f"TASKS[{backend.alias!r}]['QUEUES'] is empty, so tasks may name any "
+                    "queue and there is no list of queues to serve: name them with "
+                    "--queue NAME (repeatable)."
+                )
+            for name in requested:
+                problem = queue_name_problem(name)
+                if problem:
+                    raise CommandError(f"--queue {name!r}: {problem}")
+            return tuple(dict.fromkeys(requested))
         if not requested or "*" in requested:
             return tuple(served)
         unknown = sorted(set(requested) - set(served))

@@ -1,0 +1,48 @@
+"""The test project's settings with one deliberate change, for subprocess tests.
+
+A subprocess cannot be handed ``override_settings``, so a test that needs ``manage.py`` to
+start with a broken or unusual configuration sets ``DJANGO_SETTINGS_MODULE`` to this module
+and ``DTP_SETTINGS_VARIANT`` to one of the names below.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import INSTALLED_APPS, TASKS
+
+VARIANT = os.environ.get("DTP_SETTINGS_VARIANT", "")
+
+if VARIANT == "without-app":
+    # The mistake of a new user: the backend is configured, the app is not installed.
+    INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "django_tasks_plus"]
+elif VARIANT == "without-app-tasks-at-startup":
+    # The same, in a project whose own app imports its task module at startup.
+    INSTALLED_APPS = [
+        "tests.settings_variants.ExampleImportingTasks" if app == "example" else app
+        for app in INSTALLED_APPS
+        if app != "django_tasks_plus"
+    ]
+elif VARIANT == "options-typo":
+    TASKS = {"default": {**TASKS["default"], "OPTIONS": {"CONCURENCY": 4}}}
+    # As in a project whose task modules are imported on first use: the backend is then
+    # created by the command (or its system checks), not by django.setup().
+    EXTRA_TASK_MODULES: list[str] = []
+elif VARIANT == "any-queue":
+    # Django's meaning of an empty QUEUES: tasks may name any queue.
+    TASKS = {"default": {**TASKS["default"], "QUEUES": []}}
+elif VARIANT:
+    raise ImproperlyConfigured(f"Unknown DTP_SETTINGS_VARIANT {VARIANT!r}.")
+
+
+if VARIANT == "without-app-tasks-at-startup":
+    from example.apps import ExampleConfig
+
+    class ExampleImportingTasks(ExampleConfig):
+        """The example app, importing its tasks in ``ready()`` as many projects do."""
+
+        def ready(self) -> None:
+            from example import tasks  # noqa: F401
