@@ -3,16 +3,28 @@
 One command, ``python bench/chaos.py`` (PostgreSQL) or ``python bench/chaos.py --sqlite``:
 
 1. Recreate the database (PostgreSQL ``chaos``, or a temporary SQLite file), migrate, add
-   the ``chaos_ledger`` table, and enqueue N ``chaostasks.chaos_step`` tasks whose
-   arguments say how each behaves (slow, failing once, designed to die).
-2. Start worker processes (``runtasks``, each in its own session) and, while they drain:
+   the ``chaos_ledger`` and ``chaos_leak`` tables, and enqueue N ``chaostasks.chaos_step``
+   tasks whose arguments say how each behaves (slow, failing once, designed to die,
+   returning an unstorable string, leaking a transaction).
+2. Start worker processes (``runtasks``, each in its own session), plus one whose host
+   clock runs ``--skew`` seconds ahead (``bench/skewed_clock.py``), and, while they drain:
    SIGKILL a random worker every few seconds and start a replacement under a new worker
    id; SIGSTOP a worker for twice its visibility timeout, then SIGCONT it; restart
-   PostgreSQL once (or terminate every backend, ``--db-chaos terminate``).
+   PostgreSQL once (or terminate every backend, ``--db-chaos terminate``); hold
+   ``LOCK TABLE … IN ACCESS EXCLUSIVE MODE`` on the task table for twice the visibility
+   timeout (PostgreSQL).
 3. When no task is READY or RUNNING, SIGTERM the workers; past the deadline, fail.
 4. Compare the task rows with the ledger (one row per execution of a task body) and
    print one summary line; exit non-zero if any check failed. Full results go to
    ``bench/results/chaos-<timestamp>.json``; worker logs are kept on failure.
+
+A task may run again only because of a disruption it was caught in: each kill, pause,
+database cut and lock stall records the tasks in flight, and each such task is allowed
+one re-run per disruption. Any other re-run (``unexcused_reruns``) fails the run.
+
+``--faults`` picks the newer faults (``stall,skew,surrogate,leak``, all by default);
+``--no-kills --pauses 0 --no-restart`` leaves only them, for a run beside other users of
+the PostgreSQL server (``--pg-database`` names the database to recreate).
 """
 
 from __future__ import annotations
@@ -47,12 +59,22 @@ from benchenv import (
 )
 
 PG_DATABASE = "chaos"
-PG_URL = f"postgres://root@127.0.0.1:5432/{PG_DATABASE}"
 LEDGER_TABLE = "chaos_ledger"  # the same name as chaostasks.LEDGER_TABLE
-TASK_PATH = "chaostasks.chaos_step"
+LEAK_TABLE = "chaos_leak"  # the same name as chaostasks.LEAK_TABLE
+SKEW_LAUNCHER = BENCH / "skewed_clock.py"
 ENQUEUE_CHUNK = 1000
 TICK = 0.25
-DESIGNED_TO_DIE = ("abort", "doomed")
+DESIGNED_TO_DIE = ("abort", "doomed", "surrogate")
+FAULTS = ("stall", "skew", "surrogate", "leak")
+# Class names the worker records for the two misbehaving task kinds.
+SURROGATE_ERROR = "ReturnValueNotSerializable"
+LEAK_ERROR = "TransactionLeaked"
+# Every 97th task returns a lone surrogate and every 53rd leaks a transaction, so both
+# are spread over the run and land in different outcome batches.
+SURROGATE_EVERY, LEAK_EVERY = 97, 53
+LONG_EVERY = 41
+# Seconds after a lock stall within which a claim that waited on the lock starts its body.
+STALL_CLAIM_GRACE = 1.0
 # Log lines that mean something in a worker went wrong, not that it survived chaos as
 # designed (reported; fatal with --strict-logs).
 ERROR_MARKERS = (" ERROR ", " CRITICAL ", "crashed", "failed unexpectedly")
@@ -84,16 +106,34 @@ def log(message: str) -> None:
 @dataclass(frozen=True)
 class Planned:
     n: int
-    kind: str  # ok | flaky | abort | doomed
+    kind: str  # ok | flaky | abort | doomed | surrogate | leak | long
     sleep: float
 
 
-def make_plan(count: int, rng: random.Random, slow_fraction: float) -> list[Planned]:
-    """~10 % fail their first attempt, ~1 % abort, ~1 % always fail; some are slow."""
+def make_plan(
+    count: int,
+    rng: random.Random,
+    slow_fraction: float,
+    faults: frozenset[str] = frozenset(),
+    long_sleep: float = 0.0,
+) -> list[Planned]:
+    """~10 % fail their first attempt, ~1 % abort, ~1 % always fail; some are slow.
+
+    With the ``surrogate`` and ``leak`` faults, every 97th task returns an unstorable
+    string and every 53rd leaks a transaction on its first attempt. With ``long_sleep``
+    (the lock stall), every 41st is ``long``: it sleeps longer than a lease and a stall,
+    so only heartbeats keep it leased, and it is still running when a stall ends.
+    """
     plan = []
     for n in range(count):
         draw = rng.random()
-        if draw < 0.01:
+        if "surrogate" in faults and n % SURROGATE_EVERY == SURROGATE_EVERY // 2:
+            kind = "surrogate"
+        elif "leak" in faults and n % LEAK_EVERY == LEAK_EVERY // 2:
+            kind = "leak"
+        elif long_sleep and n % LONG_EVERY == LONG_EVERY // 2:
+            kind = "long"
+        elif draw < 0.01:
             kind = "abort"
         elif draw < 0.02:
             kind = "doomed"
@@ -103,6 +143,8 @@ def make_plan(count: int, rng: random.Random, slow_fraction: float) -> list[Plan
             kind = "ok"
         slow = rng.random() < slow_fraction
         sleep = rng.uniform(0.2, 1.0) if slow else rng.uniform(0.0, 0.02)
+        if kind == "long":
+            sleep = long_sleep
         plan.append(Planned(n, kind, round(sleep, 3)))
     return plan
 
@@ -112,12 +154,12 @@ def make_plan(count: int, rng: random.Random, slow_fraction: float) -> list[Plan
 # --------------------------------------------------------------------------------------
 
 
-def recreate_pg_database() -> None:
+def recreate_pg_database(name: str) -> None:
     import psycopg
 
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {PG_DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {PG_DATABASE}")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
 
 
 def setup_django(env: dict[str, str]) -> None:
@@ -139,18 +181,26 @@ def create_ledger(vendor: str) -> None:
             f"CREATE TABLE {LEDGER_TABLE} (task_id text NOT NULL, attempt integer NOT NULL, "
             f"worker text NOT NULL, pid integer NOT NULL, at {at_type} NOT NULL)"
         )
+        # Rows written inside transactions that ``leak`` tasks leave open: must vanish.
+        cursor.execute(
+            f"CREATE TABLE {LEAK_TABLE} (task_id text NOT NULL, attempt integer NOT NULL)"
+        )
 
 
 def enqueue(plan: list[Planned]) -> dict[str, Planned]:
-    from chaostasks import chaos_step
+    from chaostasks import chaos_long, chaos_step
 
     from django_tasks_plus import enqueue_many
 
     by_id: dict[str, Planned] = {}
-    for start in range(0, len(plan), ENQUEUE_CHUNK):
-        chunk = plan[start : start + ENQUEUE_CHUNK]
-        results = enqueue_many(chaos_step, [((p.n, p.kind, p.sleep), {}) for p in chunk])
-        by_id.update((str(result.id), p) for result, p in zip(results, chunk, strict=True))
+    for task, planned in (
+        (chaos_step, [p for p in plan if p.kind != "long"]),
+        (chaos_long, [p for p in plan if p.kind == "long"]),
+    ):
+        for start in range(0, len(planned), ENQUEUE_CHUNK):
+            chunk = planned[start : start + ENQUEUE_CHUNK]
+            results = enqueue_many(task, [((p.n, p.kind, p.sleep), {}) for p in chunk])
+            by_id.update((str(result.id), p) for result, p in zip(results, chunk, strict=True))
     return by_id
 
 
@@ -187,7 +237,23 @@ def wait_until_registered(worker_ids: list[str], timeout: float) -> None:
         time.sleep(TICK)
 
 
-def fetch_state() -> tuple[list[dict[str, Any]], list[tuple[str, int, str, int, float]]]:
+def running_holders() -> dict[str, str] | None:
+    """RUNNING task id -> the worker holding it; None while the database is unreachable."""
+    from django.db import DatabaseError, connection
+
+    from django_tasks_plus.models import TaskRecord
+
+    try:
+        rows = TaskRecord.objects.filter(status="RUNNING").values_list("id", "worker_ids")
+        return {str(pk): (ids[-1] if ids else "") for pk, ids in rows}
+    except DatabaseError:
+        connection.close()
+        return None
+
+
+def fetch_state() -> tuple[
+    list[dict[str, Any]], list[tuple[str, int, str, int, float]], list[tuple[str, int]]
+]:
     from django.db import connection
 
     from django_tasks_plus.models import TaskRecord
@@ -200,7 +266,9 @@ def fetch_state() -> tuple[list[dict[str, Any]], list[tuple[str, int, str, int, 
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT task_id, attempt, worker, pid, at FROM {LEDGER_TABLE}")
         ledger = [(str(t), int(a), str(w), int(p), float(at)) for t, a, w, p, at in cursor]
-    return rows, ledger
+        cursor.execute(f"SELECT task_id, attempt FROM {LEAK_TABLE}")
+        leaked = [(str(t), int(a)) for t, a in cursor]
+    return rows, ledger, leaked
 
 
 # --------------------------------------------------------------------------------------
@@ -213,6 +281,7 @@ class WorkerProcess:
     worker_id: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    skewed: bool = False
     killed: bool = False
     paused_until: float | None = None
 
@@ -235,6 +304,13 @@ class Chaos:
     kills: int = 0
     pauses: int = 0
     restarts: int = 0
+    stalls: int = 0
+    stall_problems: list[str] = field(default_factory=list)
+    # Task id -> re-runs it may have: one per disruption it was in flight at.
+    allowance: Counter[str] = field(default_factory=Counter)
+    stall_caught: set[str] = field(default_factory=set)
+    # (lock taken, lock released), in the database's epoch seconds.
+    stall_windows: list[tuple[float, float]] = field(default_factory=list)
     _serial: int = 0
 
     def elapsed(self) -> float:
@@ -244,11 +320,11 @@ class Chaos:
         self.events.append({"t": round(self.elapsed(), 2), "event": event, **detail})
         log(f"  [{self.elapsed():6.1f}s] {event} {' '.join(f'{k}={v}' for k, v in detail.items())}")
 
-    def start_worker(self) -> WorkerProcess:
-        worker_id = f"chaos-{self._serial}"
+    def start_worker(self, *, skewed: bool = False) -> WorkerProcess:
+        worker_id = f"chaos-{'skew-' if skewed else ''}{self._serial}"
         self._serial += 1
         log_path = self.log_dir / f"{worker_id}.log"
-        command = runtasks_command(
+        options = [
             "--concurrency",
             str(self.args.concurrency),
             "--visibility-timeout",
@@ -257,7 +333,11 @@ class Chaos:
             "10",
             "--worker-id",
             worker_id,
-        )
+        ]
+        command = runtasks_command(*options)
+        if skewed:  # the same runtasks, through the launcher that shifts the host clock
+            launcher = [sys.executable, str(SKEW_LAUNCHER), "--skew", str(self.args.skew)]
+            command = launcher + command[command.index("runtasks") + 1 :]
         with log_path.open("wb") as out:
             proc = subprocess.Popen(
                 command,
@@ -267,12 +347,44 @@ class Chaos:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        worker = WorkerProcess(worker_id, proc, log_path)
+        worker = WorkerProcess(worker_id, proc, log_path, skewed=skewed)
         self.workers.append(worker)
         return worker
 
     def live(self) -> list[WorkerProcess]:
-        return [w for w in self.workers if w.paused_until is None]
+        """Workers that may be killed or paused: running, and not the skewed one (its
+        fault is its clock; killing it would only make the drain wait for its leases)."""
+        return [w for w in self.workers if w.paused_until is None and not w.skewed]
+
+    def excuse(self, cause: str, task_ids: Iterable[str]) -> int:
+        """Allow each of ``task_ids`` one more re-run, caught in ``cause``."""
+        ids = sorted(set(task_ids))
+        self.allowance.update(ids)
+        if cause == "stall":
+            self.stall_caught.update(ids)
+        return len(ids)
+
+    def excuse_blocked_claims(self, ledger: Iterable[tuple[str, int, str, int, float]]) -> int:
+        """Count as caught in a stall the tasks whose claim waited on the lock.
+
+        Such a claim commits the moment the lock is released, so its body starts within
+        about a second after that (the ledger's time is the database's). A few tasks
+        claimed normally just after the release are excused too; that errs on the
+        lenient side by at most one re-run each.
+        """
+        caught = {
+            task_id
+            for task_id, _attempt, _worker, _pid, at in ledger
+            if any(
+                locked <= at <= released + STALL_CLAIM_GRACE
+                for locked, released in self.stall_windows
+            )
+        }
+        return self.excuse("stall", caught - self.stall_caught)
+
+    def held_by(self, worker_id: str) -> list[str]:
+        holders = running_holders() or {}
+        return [task_id for task_id, holder in holders.items() if holder == worker_id]
 
     def check_crashes(self) -> None:
         """A worker that exits on its own is a crash: record it and replace it."""
@@ -285,7 +397,7 @@ class Chaos:
             tail = worker.log_path.read_text(errors="replace").splitlines()[-20:]
             self.crashes.append({"worker": worker.worker_id, "exit_code": code, "log_tail": tail})
             self.note("crash", worker=worker.worker_id, code=code)
-            self.start_worker()
+            self.start_worker(skewed=worker.skewed)
 
     def kill_one(self) -> None:
         candidates = self.live()
@@ -298,8 +410,10 @@ class Chaos:
         self.workers.remove(victim)
         self.retired.append(victim)
         self.kills += 1
+        # Dead, it claims nothing more: what it holds now is what the kill caught.
+        caught = self.excuse("kill", self.held_by(victim.worker_id))
         replacement = self.start_worker()
-        self.note("kill", worker=victim.worker_id, replacement=replacement.worker_id)
+        self.note("kill", worker=victim.worker_id, replacement=replacement.worker_id, caught=caught)
 
     def pause_one(self) -> None:
         candidates = self.live()
@@ -310,7 +424,9 @@ class Chaos:
         victim.signal(signal.SIGSTOP)
         victim.paused_until = time.monotonic() + seconds
         self.pauses += 1
-        self.note("pause", worker=victim.worker_id, seconds=seconds)
+        time.sleep(0.5)  # a claim sent just before SIGSTOP may still commit
+        caught = self.excuse("pause", self.held_by(victim.worker_id))
+        self.note("pause", worker=victim.worker_id, seconds=seconds, caught=caught)
 
     def resume_due(self, *, force: bool = False) -> bool:
         resumed = False
@@ -326,6 +442,7 @@ class Chaos:
 
     def cut_database(self) -> None:
         began = time.monotonic()
+        in_flight = set(running_holders() or {})
         if self.args.db_chaos == "restart":
             restart = pg_restart_command()
             done = subprocess.run(restart, capture_output=True, text=True, timeout=120)
@@ -338,10 +455,52 @@ class Chaos:
                 conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = %s AND pid <> pg_backend_pid()",
-                    [PG_DATABASE],
+                    [self.args.pg_database],
                 )
         self.restarts += 1
-        self.note(f"db-{self.args.db_chaos}", seconds=round(time.monotonic() - began, 2))
+        # Claims that committed just before the cut are in flight too.
+        in_flight |= set(running_holders() or {})
+        caught = self.excuse("db", in_flight)
+        self.note(
+            f"db-{self.args.db_chaos}", seconds=round(time.monotonic() - began, 2), caught=caught
+        )
+
+    def stall(self) -> None:
+        """Hold ACCESS EXCLUSIVE on the task table for twice the visibility timeout.
+
+        Every worker statement on the table waits meanwhile: claims, heartbeats, outcome
+        writes. The tasks RUNNING while the lock is held are the ones the stall caught;
+        so are those whose claim waited on the lock (see ``excuse_blocked_claims``). Each
+        may run once more, nothing else may.
+        """
+        import psycopg
+
+        from django_tasks_plus.models import TaskRecord
+
+        table = TaskRecord._meta.db_table
+        seconds = 2 * self.args.visibility
+        began = time.monotonic()
+        try:
+            with psycopg.connect(f"{PG_SERVER}/{self.args.pg_database}") as conn:
+                # Never queue behind a transaction some task left open for ever.
+                conn.execute("SET lock_timeout = '10s'")
+                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                waited = time.monotonic() - began
+                rows = conn.execute(f"SELECT id FROM {table} WHERE status = 'RUNNING'")
+                caught = {str(row[0]) for row in rows}
+                locked_at = _db_epoch(conn)
+                time.sleep(seconds)
+                released_at = _db_epoch(conn)
+                conn.commit()
+        except psycopg.Error as exc:
+            problem = f"the lock stall could not hold the task table: {exc}".strip()
+            self.stall_problems.append(problem)
+            self.note("stall-failed", error=str(exc).strip()[:120])
+            return
+        self.stalls += 1
+        self.stall_windows.append((locked_at, released_at))
+        count = self.excuse("stall", caught)
+        self.note("stall", seconds=seconds, waited=round(waited, 2), caught=count)
 
     def stop_all(self, grace: float) -> list[dict[str, Any]]:
         """SIGCONT the paused, SIGTERM everyone, wait; SIGKILL (and report) stragglers."""
@@ -371,9 +530,13 @@ def drive(chaos: Chaos, total: int, deadline: float) -> tuple[bool, dict[str, in
     """Run the chaos schedule until every task is finished; False if the deadline passed."""
     args = chaos.args
     # Disruptions happen one at a time, in this order, at these shares of finished tasks.
-    plan = [("pause", 0.2), ("db", 0.4), ("pause", 0.6)]
+    # The stall comes late: with few tasks left to claim, a task it caught is claimed again
+    # at once, so a worker that mixes up two attempts of one task shows it.
+    plan = [("pause", 0.2), ("db", 0.4), ("pause", 0.6), ("stall", 0.9)]
     if args.db_chaos == "none":
         plan = [step for step in plan if step[0] != "db"]
+    if not stall_enabled(args):
+        plan = [step for step in plan if step[0] != "stall"]
     pauses = [step for step in plan if step[0] == "pause"][: args.pauses]
     plan = [step for step in plan if step[0] != "pause" or step in pauses]
     first_kill_mark = 0.1
@@ -406,11 +569,16 @@ def drive(chaos: Chaos, total: int, deadline: float) -> tuple[bool, dict[str, in
                 step, _ = plan.pop(0)
                 if step == "pause":
                     chaos.pause_one()
+                elif step == "stall":
+                    chaos.stall()
+                    calm_until = time.monotonic() + args.visibility
                 else:
                     chaos.cut_database()
                     calm_until = time.monotonic() + args.visibility
-            elif (now >= next_kill or (chaos.kills == 0 and done >= first_kill_mark)) and (
-                now >= calm_until or paused
+            elif (
+                not args.no_kills
+                and (now >= next_kill or (chaos.kills == 0 and done >= first_kill_mark))
+                and (now >= calm_until or paused)
             ):
                 chaos.kill_one()
                 next_kill = time.monotonic() + chaos.rng.uniform(*args.kill_every)
@@ -426,12 +594,22 @@ def _error_class(error: Any) -> str:
     return str(error.get("exception_class_path", "")) if isinstance(error, dict) else ""
 
 
+# Failures raised by the task body after its ledger row was committed: such an attempt
+# must have its ledger row, or a write of the body was lost.
+BODY_ERRORS = ("PlannedFailure", "Doomed", "Abort", SURROGATE_ERROR, LEAK_ERROR)
+
+
 def analyse(
     plan: dict[str, Planned],
     rows: list[dict[str, Any]],
     ledger: Iterable[tuple[str, int, str, int, float]],
+    leaked: Iterable[tuple[str, int]] = (),
+    allowance: Counter[str] | None = None,
+    stall_caught: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Compare the final rows with what really ran; every list holds violations."""
+    allowance = allowance or Counter()
+    stall_caught = set(stall_caught)
     runs: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for task_id, attempt, worker, _pid, _at in ledger:
         runs[task_id].append((attempt, worker))
@@ -441,8 +619,11 @@ def analyse(
     dead = {row["id"] for row in rows if row["status"] == "FAILED"}
 
     stale: list[dict[str, Any]] = []
+    lost_writes: list[dict[str, Any]] = []
     duplicates: list[dict[str, Any]] = []
+    unexcused: list[dict[str, Any]] = []
     reexecutions = 0
+    stall_reruns = 0
     lease_expired = 0
     for row in rows:
         task_id, status, attempt = row["id"], row["status"], row["attempt"]
@@ -467,10 +648,21 @@ def analyse(
         for error in errors:
             if isinstance(error, dict) and not _error_class(error).endswith(".LeaseExpired"):
                 accepted[int(error.get("attempt", -1))] = error.get("worker_id")
+                if (
+                    _error_class(error).rsplit(".", 1)[-1] in BODY_ERRORS
+                    and (
+                        error.get("attempt"),
+                        error.get("worker_id"),
+                    )
+                    not in executions
+                ):
+                    lost_writes.append(
+                        {"task": task_id, "attempt": error.get("attempt"), "outcome": "failed"}
+                    )
         if status == "SUCCESSFUL":
             accepted[attempt] = worker
             if (attempt, worker) not in executions:
-                problems.append(f"no execution of attempt {attempt} by {worker} logged")
+                lost_writes.append({"task": task_id, "attempt": attempt, "outcome": "succeeded"})
             value = row["return_value"]
             if not (isinstance(value, list) and value[:2] == [attempt, worker]):
                 problems.append(f"return value {value!r} is not from attempt {attempt} by {worker}")
@@ -483,17 +675,28 @@ def analyse(
                 problems.append(
                     f"last error {last!r:.120} is not from attempt {attempt} by {worker}"
                 )
+        reruns = 0
         for run_attempt, run_worker in executions:
             if run_attempt not in accepted:
-                reexecutions += 1
+                reruns += 1
             elif run_worker != accepted[run_attempt]:
                 problems.append(
                     f"attempt {run_attempt} ran on {run_worker}, outcome by {accepted[run_attempt]}"
                 )
+        reexecutions += reruns
+        if task_id in stall_caught:
+            stall_reruns += reruns
+        if reruns > allowance[task_id]:
+            unexcused.append(
+                {"task": task_id, "reruns": reruns, "allowed": allowance[task_id], "kind": None}
+            )
         stale += [
             {"task": task_id, "status": status, "attempt": attempt, "problem": problem}
             for problem in problems
         ]
+    for entry in unexcused:
+        planned = plan.get(entry["task"])
+        entry["kind"] = planned.kind if planned else None
 
     designed_causes = Counter()
     for row in rows:
@@ -511,10 +714,60 @@ def analyse(
         "designed_not_dead": sorted(designed - dead),
         "designed_causes": dict(designed_causes),
         "stale_writes": stale,
+        "lost_writes": lost_writes,
         "duplicate_executions": duplicates,
         "reexecutions": reexecutions,
+        "unexcused_reruns": unexcused,
+        "stall_caught": len(stall_caught),
+        "stall_reruns": stall_reruns,
+        **misbehaving_tasks(plan, rows, leaked, allowance),
         "ledger_rows": sum(len(v) for v in runs.values()),
         "lease_expired": lease_expired,
+    }
+
+
+def misbehaving_tasks(
+    plan: dict[str, Planned],
+    rows: list[dict[str, Any]],
+    leaked: Iterable[tuple[str, int]],
+    allowance: Counter[str],
+) -> dict[str, Any]:
+    """The designed outcomes of ``surrogate`` and ``leak`` tasks; lists hold violations.
+
+    * surrogate: dead-lettered, its last error ``ReturnValueNotSerializable``, and no
+      other error from its own body (it is not retried).
+    * leak: attempt 1 failed with ``TransactionLeaked``, then the task succeeded; the row
+      it wrote inside the transaction it left open was rolled back. A task caught in a
+      disruption during attempt 1 may instead have lost that attempt to its lease.
+    """
+    by_id = {row["id"]: row for row in rows}
+    wrong: dict[str, list[dict[str, Any]]] = {"surrogate": [], "leak": []}
+    planned = Counter()
+    for task_id, p in plan.items():
+        if p.kind not in wrong or task_id not in by_id:
+            continue
+        planned[p.kind] += 1
+        row = by_id[task_id]
+        errors = [e for e in row["errors"] or [] if isinstance(e, dict)]
+        classes = [_error_class(e).rsplit(".", 1)[-1] for e in errors]
+        body = [c for c in classes if c != "LeaseExpired"]
+        if p.kind == "surrogate":
+            ok = row["status"] == "FAILED" and body == [SURROGATE_ERROR]
+        else:
+            first = [c for e, c in zip(errors, classes, strict=True) if e.get("attempt") == 1]
+            ok = row["status"] == "SUCCESSFUL" and (
+                first == [LEAK_ERROR] or (first == ["LeaseExpired"] and allowance[task_id] > 0)
+            )
+        if not ok:
+            wrong[p.kind].append(
+                {"task": task_id, "status": row["status"], "errors": classes, "n": p.n}
+            )
+    return {
+        "surrogates_planned": planned["surrogate"],
+        "surrogates_wrong": wrong["surrogate"],
+        "leaks_planned": planned["leak"],
+        "leaks_wrong": wrong["leak"],
+        "leaked_rows_kept": sorted({task_id for task_id, _ in leaked}),
     }
 
 
@@ -538,6 +791,23 @@ def scan_logs(paths: Iterable[Path]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
+def _db_epoch(conn: Any) -> float:
+    """The database's clock, in epoch seconds, through a psycopg connection."""
+    row = conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())").fetchone()
+    return float(row[0])
+
+
+def stall_enabled(args: argparse.Namespace) -> bool:
+    """The lock stall needs PostgreSQL's LOCK TABLE; SQLite has no table locks."""
+    return "stall" in args.faults and not args.sqlite
+
+
+def _designed(report: dict[str, Any], kind: str) -> str:
+    """``as-designed/planned`` for the surrogate or leak tasks."""
+    planned = report[f"{kind}_planned"]
+    return f"{planned - len(report[f'{kind}_wrong'])}/{planned}"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, help="tasks to enqueue (5000; SQLite 1000)")
@@ -552,14 +822,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--kill-every", type=float, nargs=2, default=(3.0, 6.0), metavar=("MIN", "MAX")
     )
     parser.add_argument("--pauses", type=int, default=2, choices=(0, 1, 2))
+    parser.add_argument("--no-kills", action="store_true", help="kill no worker")
     parser.add_argument("--db-chaos", choices=("restart", "terminate", "none"), default="restart")
+    parser.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="leave the PostgreSQL server alone (the same as --db-chaos none)",
+    )
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help="comma-separated, from stall (PostgreSQL), skew, surrogate, leak; '' for none "
+        "(default: all)",
+    )
+    parser.add_argument(
+        "--skew", type=float, default=90.0, help="seconds the skewed worker's clock is ahead (90)"
+    )
+    parser.add_argument(
+        "--pg-database", default=PG_DATABASE, help=f"database to recreate ({PG_DATABASE})"
+    )
     parser.add_argument("--slow-fraction", type=float, help="share of slow tasks (0.2; long 0.02)")
     parser.add_argument(
         "--strict-logs", action="store_true", help="fail on ERROR lines in worker logs"
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep worker logs on success")
     args = parser.parse_args(argv)
-    if args.sqlite:
+    faults = frozenset(name.strip() for name in args.faults.split(",") if name.strip())
+    if faults - set(FAULTS):
+        parser.error(f"unknown fault(s) {sorted(faults - set(FAULTS))}; known: {FAULTS}")
+    args.faults = faults
+    if not args.pg_database.isidentifier():
+        parser.error("--pg-database must be a plain identifier")
+    if args.sqlite or args.no_restart:
         args.db_chaos = "none"
     default_tasks = 100_000 if args.long else (1000 if args.sqlite else 5000)
     args.tasks = args.tasks or default_tasks
@@ -569,6 +863,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.slow_fraction = 0.02 if args.long else 0.2
     if args.deadline is None:
         args.deadline = 180 + args.tasks * (0.1 if args.sqlite else 0.03)
+        if "skew" in args.faults:  # a skewed clock may delay retries by the skew
+            args.deadline += args.skew
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1_000_000)
     return args
@@ -582,16 +878,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.sqlite:
         url = f"sqlite:///{log_dir / 'chaos.sqlite3'}"
     else:
-        recreate_pg_database()
-        url = PG_URL
+        recreate_pg_database(args.pg_database)
+        url = f"{PG_SERVER.replace('postgresql://', 'postgres://')}/{args.pg_database}"
     env = django_env(url)
-    log(f"chaos: {vendor}, {args.tasks} tasks, seed {args.seed}, logs in {log_dir}")
+    log(
+        f"chaos: {vendor}, {args.tasks} tasks, seed {args.seed}, "
+        f"faults {','.join(sorted(args.faults)) or 'none'}, logs in {log_dir}"
+    )
     subprocess.run(
         [sys.executable, str(MANAGE), "migrate", "-v", "0"], env=env, cwd=REPO, check=True
     )
     setup_django(env)
     create_ledger("sqlite" if args.sqlite else "postgresql")
-    plan = make_plan(args.tasks, rng, args.slow_fraction)
+    # Long tasks outlive a lease and the stall: with the stall only (PostgreSQL).
+    long_sleep = 3 * args.visibility if stall_enabled(args) else 0.0
+    plan = make_plan(args.tasks, rng, args.slow_fraction, args.faults, long_sleep)
     began = time.monotonic()
     by_id = enqueue(plan)
     log(f"chaos: enqueued {len(by_id)} tasks in {time.monotonic() - began:.1f} s")
@@ -602,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     chaos = Chaos(args, env, log_dir, rng)
     for _ in range(args.workers):
         chaos.start_worker()
+    if "skew" in args.faults:
+        chaos.start_worker(skewed=True)
     finished, counts = False, {}
     try:
         finished, counts = drive(chaos, len(by_id), chaos.started + args.deadline)
@@ -609,8 +912,9 @@ def main(argv: list[str] | None = None) -> int:
         stop_problems = chaos.stop_all(grace=30)
     duration = chaos.elapsed()
 
-    rows, ledger = fetch_state()
-    report = analyse(by_id, rows, ledger)
+    rows, ledger, leaked = fetch_state()
+    chaos.excuse_blocked_claims(ledger)
+    report = analyse(by_id, rows, ledger, leaked, chaos.allowance, chaos.stall_caught)
     logs = scan_logs(w.log_path for w in chaos.retired)
 
     failures = []
@@ -622,8 +926,34 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(f"{len(report['lost'])} lost, {len(report['unexpected_rows'])} unknown")
     if report["stale_writes"]:
         failures.append(f"{len(report['stale_writes'])} stale write(s)")
+    if report["lost_writes"]:
+        failures.append(
+            f"{len(report['lost_writes'])} attempt(s) reported done whose own committed write "
+            "is missing (a transaction left open by an earlier task swallowed it?)"
+        )
     if report["duplicate_executions"]:
         failures.append(f"{len(report['duplicate_executions'])} attempt(s) ran twice")
+    if report["unexcused_reruns"]:
+        kinds = Counter(str(entry["kind"]) for entry in report["unexcused_reruns"])
+        failures.append(
+            f"{len(report['unexcused_reruns'])} task(s) ran again without being in flight at a "
+            f"kill, pause, database cut or stall (or more often than those allow): {dict(kinds)}"
+        )
+    if report["surrogates_wrong"]:
+        failures.append(
+            f"{len(report['surrogates_wrong'])} of {report['surrogates_planned']} surrogate "
+            f"task(s) did not end dead-lettered with {SURROGATE_ERROR} alone"
+        )
+    if report["leaks_wrong"]:
+        failures.append(
+            f"{len(report['leaks_wrong'])} of {report['leaks_planned']} leaking task(s) did "
+            f"not fail attempt 1 with {LEAK_ERROR} and then succeed"
+        )
+    if report["leaked_rows_kept"]:
+        failures.append(
+            f"{len(report['leaked_rows_kept'])} row(s) written inside a leaked transaction "
+            "were committed instead of rolled back"
+        )
     if report["dead_not_designed"] or report["designed_not_dead"]:
         failures.append(
             f"dead-letter set differs: {len(report['dead_not_designed'])} died unplanned, "
@@ -637,16 +967,24 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(f"'{LOCKED}' appears {len(logs['locked_lines'])} time(s) in worker logs")
     if stop_problems:
         failures.append(f"workers did not stop cleanly: {stop_problems}")
-    if chaos.kills == 0 or chaos.pauses < args.pauses:
+    if (chaos.kills == 0 and not args.no_kills) or chaos.pauses < args.pauses:
         failures.append(f"chaos incomplete (kills={chaos.kills}, pauses={chaos.pauses})")
     if args.db_chaos != "none" and chaos.restarts == 0:
         failures.append("the database was never restarted")
+    failures += chaos.stall_problems
+    if stall_enabled(args) and chaos.stalls == 0 and not chaos.stall_problems:
+        failures.append("the lock stall never happened")
+    skewed = sum(w.skewed for w in chaos.retired)
 
     summary = (
         f"chaos: tasks={len(by_id)} succeeded={report['succeeded']} dead={report['dead']} "
         f"(designed {report['designed']}) kills={chaos.kills} pauses={chaos.pauses} "
-        f"restarts={chaos.restarts} lost={len(report['lost'])} "
-        f"stale_writes={len(report['stale_writes'])} reexecutions={report['reexecutions']} "
+        f"restarts={chaos.restarts} stalls={chaos.stalls} skewed={skewed} "
+        f"lost={len(report['lost'])} stale_writes={len(report['stale_writes'])} "
+        f"lost_writes={len(report['lost_writes'])} reexecutions={report['reexecutions']} "
+        f"unexcused_reruns={len(report['unexcused_reruns'])} "
+        f"stall_reruns={report['stall_reruns']}/{report['stall_caught']} "
+        f"surrogates={_designed(report, 'surrogates')} leaks={_designed(report, 'leaks')} "
         f"duration={duration:.0f}s lease_expired={report['lease_expired']} "
         f"worker_errors={len(logs['error_lines'])}"
     )
@@ -659,10 +997,12 @@ def main(argv: list[str] | None = None) -> int:
         "passed": not failures,
         "failures": failures,
         "backend": vendor,
-        "config": {k: v for k, v in vars(args).items()},
+        "config": {k: sorted(v) if isinstance(v, frozenset) else v for k, v in vars(args).items()},
         "duration_s": round(duration, 2),
         "kills": chaos.kills,
         "pauses": chaos.pauses,
+        "stalls": chaos.stalls,
+        "skewed_workers": skewed,
         "restarts": chaos.restarts,
         "events": chaos.events,
         "crashes": chaos.crashes,
