@@ -123,6 +123,14 @@ class _Refused(Exception):
         self.steps.append(f"[{key!r}]")
         self.keys.append(key)
 
+    def within_dict(self, key: str, depth: int) -> None:
+        """Record that the problem sits at ``key`` of the enclosing dict: under its value,
+        or in the key itself (which the key's own refusal already named)."""
+        if self.at_key:
+            self.at_key = False
+        else:
+            self.within(key, depth)
+
     def member(self) -> None:
         """Record that the problem sits in a member of the enclosing set."""
         if not self.whole_value:
@@ -213,10 +221,7 @@ def _encode_values(mapping: Mapping[Any, Any], depth: int) -> dict[str, JsonValu
             else:
                 out[key] = _encode(item, inner)
     except _Refused as exc:
-        if exc.at_key:
-            exc.at_key = False
-        else:
-            exc.within(key, depth)
+        exc.within_dict(key, depth)
         raise
     return out
 
@@ -355,10 +360,7 @@ def _find_unencodable(value: Any, depth: int) -> None:
                     raise _key_refusal(_surrogate_problem(key), " key")
                 _find_unencodable(item, depth + 1)
             except _Refused as exc:
-                if exc.at_key:
-                    exc.at_key = False
-                else:
-                    exc.within(key, depth)
+                exc.within_dict(key, depth)
                 raise
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
