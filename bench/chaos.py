@@ -73,6 +73,9 @@ LEAK_ERROR = "TransactionLeaked"
 # are spread over the run and land in different outcome batches.
 SURROGATE_EVERY, LEAK_EVERY = 97, 53
 LONG_EVERY = 41
+# How attempt 1 of a leaking task may end instead when a disruption caught it: its lease
+# ran out (kill, pause, stall), or its own query failed (database restart or cut).
+DISRUPTED_ATTEMPT = (["LeaseExpired"], ["OperationalError"], ["InterfaceError"])
 # Seconds after a lock stall within which a claim that waited on the lock starts its body.
 STALL_CLAIM_GRACE = 1.0
 # Log lines that mean something in a worker went wrong, not that it survived chaos as
@@ -738,7 +741,8 @@ def misbehaving_tasks(
       other error from its own body (it is not retried).
     * leak: attempt 1 failed with ``TransactionLeaked``, then the task succeeded; the row
       it wrote inside the transaction it left open was rolled back. A task caught in a
-      disruption during attempt 1 may instead have lost that attempt to its lease.
+      disruption during attempt 1 may instead have lost that attempt to its lease, or
+      (a database restart or cut) seen its own query fail.
     """
     by_id = {row["id"]: row for row in rows}
     wrong: dict[str, list[dict[str, Any]]] = {"surrogate": [], "leak": []}
@@ -756,7 +760,7 @@ def misbehaving_tasks(
         else:
             first = [c for e, c in zip(errors, classes, strict=True) if e.get("attempt") == 1]
             ok = row["status"] == "SUCCESSFUL" and (
-                first == [LEAK_ERROR] or (first == ["LeaseExpired"] and allowance[task_id] > 0)
+                first == [LEAK_ERROR] or (first in DISRUPTED_ATTEMPT and allowance[task_id] > 0)
             )
         if not ok:
             wrong[p.kind].append(
