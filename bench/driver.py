@@ -41,7 +41,7 @@ from django.utils import timezone  # noqa: E402
 
 from django_tasks_plus import enqueue_many  # noqa: E402
 from django_tasks_plus.compat import task_backends  # noqa: E402
-from django_tasks_plus.db.base import ordering_head_sql  # noqa: E402
+from django_tasks_plus.db.sql import ORDERING_HEAD  # noqa: E402
 from django_tasks_plus.models import DedupKey, TaskRecord, WorkerRecord  # noqa: E402
 from example.tasks import add  # noqa: E402
 
@@ -143,7 +143,7 @@ def claim_plan() -> dict[str, Any]:
           AND candidate.backend_name = 'default'
           AND candidate.queue_name = ANY(%s)
           AND candidate.run_after <= now()
-          AND {ordering_head_sql("candidate", quote)}
+          AND {ORDERING_HEAD}
         ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
         LIMIT {CLAIM_LIMIT}
         FOR UPDATE SKIP LOCKED
@@ -224,7 +224,7 @@ def _run_burst(command: list[str], measure_rss: bool) -> tuple[float, dict[str, 
     busy_after, total_after = machine_cpu()
     usage["worker_cpu_seconds"] = _children_cpu() - cpu_before
     usage["machine_cpu_busy_percent"] = (
-        100 * (busy_after - busy_before) / max(total_after - total_before, 1)
+        100 * (busy_after - busy_before) / max(total_after - total_before, 1e-9)
     )
     return seconds, usage
 

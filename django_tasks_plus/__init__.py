@@ -27,6 +27,7 @@ from .exceptions import (
     TransactionLeaked,
     UnsupportedDatabase,
 )
+from .middleware import Hold
 from .operations import (
     aenqueue_many,
     cancel,
@@ -45,6 +46,7 @@ __all__ = [
     "CorruptTaskRecord",
     "DatabaseUnavailable",
     "ExponentialBackoff",
+    "Hold",
     "InvalidBackendOptions",
     "InvalidRetryPolicy",
     "InvalidTaskArguments",

@@ -17,7 +17,7 @@ from django.core import checks
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from . import compat
+from . import compat, events
 from .conf import BackendSettings, parse_settings, queue_name_problem
 from .db import UnsupportedDatabase, dialect_for
 from .definition import Task, resolve_task, validate_task_options
@@ -125,6 +125,11 @@ class DatabaseBackend(compat.BaseTaskBackend):
             with nullcontext() if single_statement else transaction.atomic(using=database):
                 held_by = self._take_dedup_key(connection, task, envelopes, now)
                 if held_by is not None:
+                    if events.listened(events.TASK_DEDUPLICATED):
+                        emit = partial(
+                            events.emit_deduplicated, self.alias, task, len(envelopes), held_by
+                        )
+                        transaction.on_commit(emit, using=database)
                     return [self.get_result(task_id) for task_id in held_by]
                 self._check_depth(envelopes)
                 dialect_for(connection).insert_tasks(
@@ -144,6 +149,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
         return results
 
     def _announce_enqueued(self, results: Sequence[compat.TaskResult]) -> None:
+        events.emit_enqueued(self.alias, results)  # first: a raising receiver cannot skip it
         for result in results:
             compat.task_enqueued.send(type(self), task_result=result)
 
@@ -277,10 +283,12 @@ class DatabaseBackend(compat.BaseTaskBackend):
                     at=now,
                 )
                 if cancel_ready(database, task_id, error, now):
+                    self._event_on_commit(events.TASK_CANCELLED, record)
                     transaction.on_commit(partial(self._announce_final, task_id), using=database)
                     return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
             elif record.status == compat.TaskResultStatus.RUNNING:
                 if request_cancel(database, task_id):
+                    self._event_on_commit(events.TASK_CANCEL_REQUESTED, record)
                     return CancelOutcome(
                         task_id, "cancel_requested", compat.TaskResultStatus.RUNNING
                     )
@@ -293,13 +301,34 @@ class DatabaseBackend(compat.BaseTaskBackend):
         """Run a dead-lettered (FAILED) task again with a fresh retry budget."""
         from .db.store import redrive
 
-        return redrive(self.settings.database, str(self._record(result_id).pk), timezone.now())
+        record = self._record(result_id)
+        if not redrive(self.settings.database, str(record.pk), timezone.now()):
+            return False
+        self._event_on_commit(events.TASK_REDRIVEN, record)
+        return True
 
     def discard(self, result_id: str) -> bool:
         """Keep a dead task dead but release the ordering key it blocks."""
         from .db.store import discard
 
-        return discard(self.settings.database, str(self._record(result_id).pk))
+        record = self._record(result_id)
+        if not discard(self.settings.database, str(record.pk)):
+            return False
+        self._event_on_commit(events.TASK_DISCARDED, record)
+        return True
+
+    def _event_on_commit(self, name: str, record: Any) -> None:
+        """Emit an operation's event once its write commits (at once in autocommit)."""
+        if events.listened(name):
+            emit = partial(
+                events.emit_operation,
+                name,
+                self.alias,
+                str(record.pk),
+                record.task_path,
+                record.queue_name,
+            )
+            transaction.on_commit(emit, using=self.settings.database)
 
     def _announce_final(self, task_id: str) -> None:
         try:

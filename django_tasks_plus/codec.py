@@ -160,6 +160,7 @@ def _tagged(name: str, payload: JsonValue) -> dict[str, JsonValue]:
 
 
 def _encode(value: Any, depth: int) -> JsonValue:
+    # The common scalars first, by exact type: most values are ints and strings.
     cls = type(value)
     if cls is str:
         if "\x00" in value:
@@ -167,10 +168,6 @@ def _encode(value: Any, depth: int) -> JsonValue:
         return value
     if cls is int or cls is bool or value is None:
         return value
-    if cls is list:
-        return _encode_items(value, depth)
-    if cls is dict:
-        return _encode_dict(value, depth)
     encoder = _ENCODERS.get(cls)
     if encoder is None:
         encoder = _encoder_for_subclass(cls)
@@ -182,18 +179,9 @@ def _encode_items(items: Iterable[Any], depth: int) -> list[JsonValue]:
         raise _too_deep(_TOO_DEEP_TO_STORE)
     inner = depth + 1
     out: list[JsonValue] = []
-    append = out.append
     try:
         for item in items:
-            cls = type(item)
-            if cls is str:
-                if "\x00" in item:
-                    raise _Refused(_NUL)
-                append(item)
-            elif cls is int or cls is bool or item is None:
-                append(item)
-            else:
-                append(_encode(item, inner))
+            out.append(_encode(item, inner))
     except _Refused as exc:
         exc.within(len(out), depth)  # every earlier item was appended
         raise
@@ -211,15 +199,7 @@ def _encode_values(mapping: Mapping[Any, Any], depth: int) -> dict[str, JsonValu
                 key = _plain_key(key)
             if "\x00" in key:
                 raise _key_refusal(_NUL, " key")
-            cls = type(item)
-            if cls is str:
-                if "\x00" in item:
-                    raise _Refused(_NUL)
-                out[key] = item
-            elif cls is int or cls is bool or item is None:
-                out[key] = item
-            else:
-                out[key] = _encode(item, inner)
+            out[key] = _encode(item, inner)
     except _Refused as exc:
         exc.within_dict(key, depth)
         raise
@@ -251,8 +231,8 @@ def _encode_float(value: float, depth: int) -> float:
     return float.__float__(value)
 
 
-def _encode_str(value: str, depth: int) -> str:
-    return _encode(str.__str__(value), depth)  # type: ignore[return-value]
+def _encode_str(value: str, depth: int) -> JsonValue:
+    return _encode(str.__str__(value), depth)
 
 
 def _encode_set(name: str) -> Callable[[Any, int], JsonValue]:
@@ -405,10 +385,9 @@ def unencodable_call_error(args: Any, kwargs: Any) -> EncodeError:
 
 
 def _storable_text(encoded: JsonValue) -> bool:
-    cls = type(encoded)
-    if cls is str:
-        return _encodable(encoded)  # type: ignore[arg-type]
-    if cls is list or cls is dict:
+    if isinstance(encoded, str):  # the encoder's output: exact types only
+        return _encodable(encoded)
+    if isinstance(encoded, list | dict):
         return _encodable(dumps(encoded))
     return True  # None, bool, int, float
 
@@ -444,7 +423,7 @@ def encode_call(args: Any, kwargs: Any) -> tuple[list[JsonValue], dict[str, Json
     except RecursionError:
         raise EncodeError("args", _TOO_DEEP) from None
     try:
-        encoded_kwargs = _encode_values(kwargs, 0)
+        encoded_kwargs = _encode_values(kwargs, 0) if kwargs else {}
     except _Refused as exc:
         raise _refusal_to_error(exc, "kwargs") from None
     except RecursionError:
@@ -684,36 +663,58 @@ def decode_call(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
 # --------------------------------------------------------------------------- display
 
 
-def display(value: JsonValue) -> Any:
+# The deepest stored JSON an enqueue writes: MAX_DEPTH containers, each at most three
+# JSON levels (an escaped dict is a tag holding a list of pairs).
+MAX_STORED_DEPTH = 3 * MAX_DEPTH + 1
+
+
+def display(value: Any, depth: int = 1) -> Any:
     """The stored form as plain JSON types, for people and for Django's ``TaskResult``.
 
     Django normalizes ``TaskResult.args``/``kwargs`` to JSON types, so tagged values are
     shown in their closest JSON shape (ISO strings, seconds, lists...). Never raises on
-    well-formed data; a malformed tag is returned unchanged.
+    well-formed data; a malformed tag is returned unchanged. Stored JSON deeper than any
+    enqueue writes (a hand edit, a hostile row) raises ``DecodeError``, on every Python
+    version alike, rather than whatever the interpreter's recursion limit allows.
     """
     cls = type(value)
-    if cls is list:
-        return [display(item) for item in value]
-    if cls is dict:
+    if cls is list or cls is dict:
+        if depth > MAX_STORED_DEPTH:
+            raise DecodeError("value", f"is nested more than {MAX_STORED_DEPTH} levels deep.")
+        if cls is list:
+            return [display(item, depth + 1) for item in value]
         if TAG in value:
-            return _display_tag(value)
-        return {key: display(item) for key, item in value.items()}
+            return _display_tag(value, depth)
+        return {key: display(item, depth + 1) for key, item in value.items()}
     return value
 
 
-def display_call(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    """``display`` for stored call arguments (whose outer list and dict are never tags)."""
-    return [display(item) for item in args], {key: display(item) for key, item in kwargs.items()}
+def display_call(args: Any, kwargs: Any, *texts: str) -> tuple[list[Any], dict[str, Any]]:
+    """``display`` for stored call arguments (whose outer list and dict are never tags).
+
+    ``texts``, when given, are the ``dumps`` texts of a fresh ``encode_call`` result: if
+    the tag key occurs in none of them, that result already is plain JSON and is returned
+    as is, so a bulk enqueue does not walk its arguments a second time.
+    """
+    if texts:
+        for text in texts:
+            if TAG in text:
+                break
+        else:
+            return args, kwargs
+    return [display(item, 2) for item in args], {
+        key: display(item, 2) for key, item in kwargs.items()
+    }
 
 
-def _display_tag(tag: dict[str, Any]) -> Any:
+def _display_tag(tag: dict[str, Any], depth: int) -> Any:
     try:
         name = _tag_name(tag)
         payload = tag[PAYLOAD]
         if name in ("tuple", "set", "frozenset"):
-            return [display(item) for item in _payload(name, payload, list)]
+            return [display(item, depth + 2) for item in _payload(name, payload, list)]
         if name == "dict":
-            return {key: display(item) for key, item in _dict_pairs(payload)}
+            return {key: display(item, depth + 3) for key, item in _dict_pairs(payload)}
         return _PLAIN[name](_DECODERS[name](payload, 1))  # a scalar: depth plays no part
     except _Refused:
         return tag
@@ -737,47 +738,16 @@ _PLAIN: dict[str, Callable[[Any], JsonValue]] = {
 # --------------------------------------------------------------------------- text
 
 
-# One encoder, made once: json.dumps() with options builds a new encoder on every call.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# One encoder, made once: json.dumps() with options builds a new one on every call.
+# Compact, UTF-8 text as is (the size limit counts its bytes, and lone surrogates are found
+# by encoding it), no NaN. No cycle check: the codec has already refused cycles (as nesting
+# too deep), so values reaching ``dumps`` are acyclic.
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+)
 
-
-def _refuse(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _c_encoder() -> Callable[[Any], str] | None:
-    """The C encoder behind ``_ENCODER``, built once.
-
-    ``JSONEncoder.encode`` builds it again on every call; for the many small values of a
-    bulk enqueue that was half of the encoding time. Values reaching ``dumps`` are
-    already converted and acyclic (the codec checked), so no circular-reference markers.
-    Falls back to ``_ENCODER`` where the C accelerator does not exist.
-    """
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return None
-    encode = make(
-        None,  # markers: no cycle check
-        _refuse,
-        json.encoder.encode_basestring,  # ensure_ascii=False
-        None,  # indent
-        ":",
-        ",",
-        False,  # sort_keys
-        False,  # skipkeys
-        False,  # allow_nan
-    )
-    return lambda value: "".join(encode(value, 0))
-
-
-_C_ENCODE = _c_encoder()
-
-
-def dumps(value: JsonValue) -> str:
-    """Compact JSON text of an already-converted value."""
-    if _C_ENCODE is None:
-        return _ENCODER.encode(value)
-    return _C_ENCODE(value)
+dumps: Callable[[JsonValue], str] = _ENCODER.encode
+"""Compact JSON text of an already-converted value."""
 
 
 def loads(text: str | bytes | None) -> Any:

@@ -7,9 +7,13 @@ framework's names from here, so supporting both costs one module.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import django
 
-if django.VERSION >= (6, 0):
+# The type checker reads the names as Django 6's (django-stubs describe django.tasks); the
+# backport mirrors that API.
+if TYPE_CHECKING or django.VERSION >= (6, 0):
     from django.tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,

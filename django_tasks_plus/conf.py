@@ -16,12 +16,14 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from .compat import DEFAULT_TASK_QUEUE_NAME
+from .doers import make_doer
 from .exceptions import InvalidBackendOptions, InvalidRetryPolicy
+from .limits import QUEUE_NAME_MAX_LENGTH
+from .middleware import Middleware, load_middleware
 from .retry import RetryPolicy, exponential_backoff, no_retry, validate_policy
-from .worker.doers import make_doer
 
-QUEUE_NAME_MAX_LENGTH = 100
-
+# Every OPTIONS key with its default, written only here: BackendSettings' field defaults
+# and the unknown-key check read this table. "RETRY": "default" means exponential_backoff().
 _DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "RETRY": "default",
@@ -37,6 +39,8 @@ _DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     # Django's rule by default: a queue not in QUEUES is an InvalidTask.
     "QUEUE_RESOLUTION": "strict",
+    # Execution middleware factories (or dotted paths), outermost first: docs/middleware.md.
+    "MIDDLEWARE": (),
 }
 
 QUEUE_RESOLUTIONS = ("fallback", "strict")
@@ -55,20 +59,21 @@ class BackendSettings:
     alias: str
     queues: frozenset[str]
     queue_order: tuple[str, ...] = ()
-    database: str = "default"
-    retry: RetryPolicy = field(default_factory=exponential_backoff)
-    visibility_timeout: float = 60.0
-    poll_interval: float = 1.0
-    concurrency: int = 8
-    prefetch: int | None = None  # None: as many as CONCURRENCY
-    shutdown_timeout: float = 30.0
-    doer: Any = "unlimited"
-    queue_doers: Mapping[str, Any] = field(default_factory=dict)
-    max_depths: Mapping[str, int] = field(default_factory=dict)
-    notify: bool = True
-    dedup_ttl: timedelta = timedelta(hours=1)
-    max_payload_bytes: int | None = 1024 * 1024
-    queue_resolution: str = "strict"
+    database: str = _DEFAULTS["DATABASE"]
+    retry: RetryPolicy = field(default_factory=exponential_backoff)  # RETRY="default"
+    visibility_timeout: float = _DEFAULTS["VISIBILITY_TIMEOUT"]
+    poll_interval: float = _DEFAULTS["POLL_INTERVAL"]
+    concurrency: int = _DEFAULTS["CONCURRENCY"]
+    prefetch: int | None = _DEFAULTS["PREFETCH"]  # None: as many as CONCURRENCY
+    shutdown_timeout: float = _DEFAULTS["SHUTDOWN_TIMEOUT"]
+    doer: Any = _DEFAULTS["DOER"]
+    queue_doers: Mapping[str, Any] = field(default_factory=dict)  # from QUEUES_CONFIG
+    max_depths: Mapping[str, int] = field(default_factory=dict)  # from QUEUES_CONFIG
+    notify: bool = _DEFAULTS["NOTIFY"]
+    dedup_ttl: timedelta = _DEFAULTS["DEDUP_TTL"]
+    max_payload_bytes: int | None = _DEFAULTS["MAX_PAYLOAD_BYTES"]
+    queue_resolution: str = _DEFAULTS["QUEUE_RESOLUTION"]
+    middleware: tuple[Middleware, ...] = _DEFAULTS["MIDDLEWARE"]  # resolved factories
 
     def serves(self, queue: str) -> bool:
         """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
@@ -96,15 +101,36 @@ def _fail(
     return InvalidBackendOptions(f"{where} {problem}")
 
 
+def positive_seconds_problem(value: Any) -> str | None:
+    """Why ``value`` is not a usable number of seconds, or None. Shared with ``runtasks``
+    (and ``WorkerConfig.from_settings``), which check their flags with it."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < float("inf")  # also refuses NaN
+    ):
+        return f"must be a positive number of seconds, got {value!r}"
+    return None
+
+
+def positive_int_problem(value: Any) -> str | None:
+    """Why ``value`` is not a whole number of at least 1, or None (shared like the above)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"must be a whole number of at least 1, got {value!r}"
+    return None
+
+
 def _positive_number(alias: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise _fail(alias, key, f"must be a positive number of seconds, got {value!r}.")
+    problem = positive_seconds_problem(value)
+    if problem:
+        raise _fail(alias, key, f"{problem}.")
     return float(value)
 
 
 def _positive_int(alias: str, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(alias, key, f"must be a whole number of at least 1, got {value!r}.")
+    problem = positive_int_problem(value)
+    if problem:
+        raise _fail(alias, key, f"{problem}.")
     return value
 
 
@@ -224,8 +250,16 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         dedup_ttl=_duration(alias, "DEDUP_TTL", merged["DEDUP_TTL"]),
         max_payload_bytes=max_payload,
         queue_resolution=resolution,
+        middleware=_middleware(alias, merged["MIDDLEWARE"]),
         queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
+
+
+def _middleware(alias: str, value: Any) -> tuple[Middleware, ...]:
+    try:
+        return load_middleware(value, f"TASKS[{alias!r}]['OPTIONS']['MIDDLEWARE']")
+    except ValueError as exc:
+        raise InvalidBackendOptions(str(exc)) from exc
 
 
 def _duration(alias: str, key: str, value: Any) -> timedelta:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from . import compat
 
+if TYPE_CHECKING:
+    from .backend import DatabaseBackend
 
+
+# django-stubs declare Django's (frozen) TaskContext as not frozen.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TaskContext(compat.TaskContext):
+class TaskContext(compat.TaskContext):  # type: ignore[misc]
     """Django's ``TaskContext`` plus a way to notice a cancel request while running."""
 
     def cancel_requested(self) -> bool:
@@ -19,5 +24,5 @@ class TaskContext(compat.TaskContext):
         """
         from .db.store import cancel_requested
 
-        backend = self.task_result.task.get_backend()
+        backend = cast("DatabaseBackend", self.task_result.task.get_backend())
         return cancel_requested(backend.settings.database, self.task_result.id)

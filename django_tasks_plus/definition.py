@@ -26,12 +26,13 @@ from .exceptions import (
     InvalidTaskOptions,
     TaskNotRegistered,
 )
+from .limits import KEY_MAX_LENGTH
+from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
 from .schema import PayloadSchema, check_schema_signature, compile_schema
 
 ORDERING_FAILURES = ("continue", "block")
 DEDUP_SCOPES = ("ttl", "finished")
-KEY_MAX_LENGTH = 255
 # A run_after further ahead than this is almost always a unit mistake (milliseconds as
 # seconds, a year typo); refusing it beats a task that silently never runs.
 RUN_AFTER_HORIZON = timedelta(days=3650)
@@ -49,6 +50,8 @@ class Task(compat.Task):
     * ``schema``: validates the payload at enqueue and again in the worker.
     * ``ordering_failure``: ``"continue"`` (a dead task releases its ordering key) or
       ``"block"`` (the key waits until the dead task is redriven or discarded).
+    * ``middleware``: execution middleware factories (or dotted paths) run around each
+      attempt, inside the backend's ``OPTIONS["MIDDLEWARE"]`` (``middleware.py``).
 
     Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
     ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
@@ -62,12 +65,15 @@ class Task(compat.Task):
     dedup_key: str | None = None
     dedup_ttl: timedelta | None = None
     dedup_until: str = "ttl"
+    middleware: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.middleware, list):  # keep the definition hashable
+            object.__setattr__(self, "middleware", tuple(self.middleware))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
 
-    def using(  # type: ignore[override]
+    def using(
         self,
         *,
         priority: int | None = None,
@@ -94,8 +100,9 @@ class Task(compat.Task):
             if value is not None
         }
         if dedup_ttl is not None:
-            seconds = isinstance(dedup_ttl, int | float) and not isinstance(dedup_ttl, bool)
-            changes["dedup_ttl"] = timedelta(seconds=dedup_ttl) if seconds else dedup_ttl
+            if isinstance(dedup_ttl, int | float) and not isinstance(dedup_ttl, bool):
+                dedup_ttl = timedelta(seconds=dedup_ttl)
+            changes["dedup_ttl"] = dedup_ttl
         return replace(self, **changes)
 
     def enqueue_many(self, calls: Iterable[Any]) -> list[compat.TaskResult]:
@@ -172,6 +179,11 @@ def validate_task_options(task: Task) -> None:
         )
     if task.schema is not None:
         compiled_schema(task)  # raises InvalidTaskOptions for an unusable schema
+    if task.middleware != ():
+        try:
+            load_middleware(task.middleware, f"{task.module_path}: middleware")
+        except ValueError as exc:
+            raise InvalidTaskOptions(str(exc)) from exc
 
 
 def compiled_schema(task: compat.Task) -> PayloadSchema | None:
@@ -311,6 +323,7 @@ def task(
     timeout: float | None = None,
     schema: Any = None,
     ordering_failure: str | None = None,
+    middleware: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -326,7 +339,10 @@ def task(
         extra["schema"] = schema
     if ordering_failure is not None:
         extra["ordering_failure"] = ordering_failure
-    decorator = compat.django_task(
+    if middleware is not None:
+        extra["middleware"] = middleware
+    # Django's task() hands keywords it does not know to the task class (ours).
+    decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,
         queue_name=queue_name,
         backend=backend,

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from . import compat
 from .codec import EncodeError, display_call, dumps, encode_call, unencodable_call_error
 from .conf import BackendSettings
+from .db.values import JsonText
 from .definition import check_arguments, compiled_schema
 from .exceptions import InvalidTaskArguments, PayloadTooLarge
 from .schema import bind_payload
@@ -23,12 +24,6 @@ from .schema import bind_payload
 logger = logging.getLogger("django_tasks_plus")
 
 _fallbacks_logged: set[tuple[str, str, str]] = set()
-
-
-class JsonText(str):
-    """JSON already encoded to text: inserted as-is (with a ``::jsonb`` cast on PostgreSQL)."""
-
-    __slots__ = ()
 
 
 class Envelope(NamedTuple):
@@ -153,15 +148,15 @@ def _envelope(
         raise InvalidTaskArguments(
             f"Cannot enqueue {task.module_path}: {exc}", field_path=exc.field_path
         ) from exc
-    args_text = dumps(encoded_args)
+    args_text = dumps(encoded_args) if encoded_args else "[]"
     kwargs_text = dumps(encoded_kwargs) if encoded_kwargs else "{}"
     try:
         # Also the check that the text can be stored at all: UTF-8 refuses lone surrogates.
         size = _utf8_length(args_text) + _utf8_length(kwargs_text)
     except UnicodeEncodeError:
-        exc = unencodable_call_error(stored_args, stored_kwargs)
+        error = unencodable_call_error(stored_args, stored_kwargs)
         raise InvalidTaskArguments(
-            f"Cannot enqueue {task.module_path}: {exc}", field_path=exc.field_path
+            f"Cannot enqueue {task.module_path}: {error}", field_path=error.field_path
         ) from None
     if limit is not None and size > limit:
         raise PayloadTooLarge(
@@ -172,7 +167,7 @@ def _envelope(
         )
     values = {"id": task_id, **shared, "args": JsonText(args_text)}
     values["kwargs"] = JsonText(kwargs_text)
-    shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs)
+    shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs, args_text, kwargs_text)
     return Envelope(task_id, values, shown_args, shown_kwargs)
 
 

@@ -79,6 +79,14 @@ class Deferred:
 
 
 @dataclass(frozen=True)
+class Held(Deferred):
+    """A middleware answered ``Hold`` (``middleware.py``): the task did not run. Back to
+    READY at ``run_after`` as if never claimed; ``reason`` says why (breaker open…)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Released:
     """Claimed but never started (graceful stop): back to READY as if never claimed."""
 
@@ -93,6 +101,8 @@ class Transition:
     status: str
     values: dict[str, Any] = field(default_factory=dict)
     error: Mapping[str, Any] | None = None
+    # Set when a middleware held the task (never written: for logs and events).
+    held_because: str | None = None
 
     @property
     def is_final(self) -> bool:
@@ -186,7 +196,7 @@ def transition(
     first run) so the timeline shows execution, not claiming.
     """
     outcome = _decide(task, event, policy=policy, now=now, block_ordering=block_ordering)
-    if started is not None and not isinstance(event, Released):
+    if started is not None and not isinstance(event, Released | Held):
         outcome.values["last_attempted_at"] = started
         if task.first_run:
             outcome.values["started_at"] = started
@@ -206,10 +216,13 @@ def _decide(
         return Transition(
             TaskResultStatus.SUCCESSFUL, {"return_value": event.return_value, "finished_at": now}
         )
-    if isinstance(event, Released):
+    if isinstance(event, Released | Held):
         values = _without_last_attempt(task)
         if values["attempt"] == 0:  # never ran at all: it has not started either
             values.update(started_at=None, last_attempted_at=None)
+        if isinstance(event, Held):
+            values["run_after"] = event.run_after
+            return Transition(TaskResultStatus.READY, values, held_because=event.reason)
         return Transition(TaskResultStatus.READY, values)
     if isinstance(event, Deferred):
         return Transition(

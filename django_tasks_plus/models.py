@@ -13,11 +13,12 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from .compat import TaskResultStatus
-
-TASK_PATH_MAX_LENGTH = 255
-KEY_MAX_LENGTH = 255
-QUEUE_NAME_MAX_LENGTH = 100
-WORKER_ID_MAX_LENGTH = 64
+from .limits import (
+    KEY_MAX_LENGTH,
+    QUEUE_NAME_MAX_LENGTH,
+    TASK_PATH_MAX_LENGTH,
+    WORKER_ID_MAX_LENGTH,
+)
 
 
 class TaskRecord(models.Model):
@@ -172,3 +173,25 @@ class WorkerRecord(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class Leadership(models.Model):
+    """Who leads the workers of one backend, on databases without advisory locks.
+
+    The leader renews ``expires_at`` (by the database's clock) while it lives; any worker
+    may take the row over once it has expired. PostgreSQL uses an advisory lock instead
+    and leaves this table empty (see ``db/leadership.py``).
+    """
+
+    backend_name = models.CharField(
+        _("backend"), max_length=QUEUE_NAME_MAX_LENGTH, primary_key=True
+    )
+    holder = models.CharField(_("leader"), max_length=WORKER_ID_MAX_LENGTH)
+    expires_at = models.DateTimeField(_("expires at"))
+
+    class Meta:
+        verbose_name = _("leadership")
+        verbose_name_plural = _("leaderships")
+
+    def __str__(self) -> str:
+        return f"{self.backend_name}: {self.holder}"

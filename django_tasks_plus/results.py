@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import compat
 from .codec import DecodeError, display_call, from_json
@@ -75,7 +75,7 @@ def make_result(
     worker_ids: Iterable[str] = (),
     return_value: Any = None,
 ) -> compat.TaskResult:
-    result = compat.TaskResult(
+    result: compat.TaskResult = compat.TaskResult(
         task=task,
         id=id,
         status=compat.TaskResultStatus(status),
@@ -103,7 +103,7 @@ def clone_result(
     of thousands of tasks, building results was the largest cost after encoding.
     """
     cls = type(template)
-    names = _slot_names(cls)
+    names = _slot_names(cast(type, cls))  # django-stubs: a TaskResult class is not Hashable
     if names is None:  # not a slots dataclass: take the documented road
         return dataclasses.replace(template, id=id, args=args, kwargs=kwargs)
     clone = object.__new__(cls)
@@ -134,7 +134,7 @@ def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         return [], {}  # corrupt row: shown empty, dead-lettered by the worker
     try:
         return display_call(args, kwargs)
-    except RecursionError:  # nested deeper than any enqueue writes: corrupt, as above
+    except (DecodeError, RecursionError):  # deeper than any enqueue writes: corrupt
         return [], {}
 
 

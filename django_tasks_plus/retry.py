@@ -128,7 +128,7 @@ def validate_policy(policy: object, where: str) -> RetryPolicy:
         ) from exc
     except ValueError:  # no introspectable signature (some builtins): trust it
         pass
-    return policy  # type: ignore[return-value]
+    return policy
 
 
 def next_delay(

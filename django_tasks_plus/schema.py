@@ -32,9 +32,9 @@ import inspect
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions
 
@@ -286,7 +286,7 @@ def _items_checker(accepted: type | tuple[type, ...], label: str, item: Checker)
     def check(value: object, path: FieldPath) -> None:
         if not isinstance(value, accepted) or isinstance(value, str | bytes | bytearray):
             raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for index, element in enumerate(value):  # type: ignore[arg-type]
+        for index, element in enumerate(cast("Iterable[object]", value)):
             item(element, (*path, index))
 
     return check
@@ -634,8 +634,8 @@ def _shape(func: Callable[..., Any], takes_context: bool) -> _Shape:
             inspect.Parameter.POSITIONAL_ONLY,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
         ):
-            problem = "takes_context=True needs a first positional parameter for the context."
-            return _Shape(path, signature, None, (), (), None, problem)
+            needs = "takes_context=True needs a first positional parameter for the context."
+            return _Shape(path, signature, None, (), (), None, needs)
         context = params.pop(0).name
     problem = None
     named: list[str] = []

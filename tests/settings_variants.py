@@ -34,6 +34,20 @@ elif VARIANT == "options-typo":
 elif VARIANT == "any-queue":
     # Django's meaning of an empty QUEUES: tasks may name any queue.
     TASKS = {"default": {**TASKS["default"], "QUEUES": []}}
+elif VARIANT == "middleware":
+    # Backend-wide execution middleware (tests/test_middleware.py), outermost first.
+    TASKS = {
+        "default": {
+            **TASKS["default"],
+            "OPTIONS": {
+                **TASKS["default"]["OPTIONS"],
+                "MIDDLEWARE": [
+                    "tests.middlewares.backend_outer",
+                    "tests.middlewares.backend_inner",
+                ],
+            },
+        }
+    }
 elif VARIANT:
     raise ImproperlyConfigured(f"Unknown DTP_SETTINGS_VARIANT {VARIANT!r}.")
 

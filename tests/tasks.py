@@ -352,3 +352,74 @@ def reports_run_after(context) -> str | None:  # type: ignore[no-untyped-def]
     """What the worker's result says the caller asked for: Django's ``task.run_after``."""
     run_after = context.task_result.task.run_after
     return None if run_after is None else run_after.isoformat()
+
+
+# -- execution middleware (tests/test_middleware.py; the middlewares are tests/middlewares.py)
+
+
+@task(middleware=["tests.middlewares.task_own", "tests.middlewares.tenfold_second_argument"])
+def add_through_middleware(a: int, b: int) -> int:
+    marker = _marker("middleware.log")
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write(f"task body a={a} b={b}\n")
+    return a + b
+
+
+@task(middleware=["tests.middlewares.slow_start"], timeout=0.3)
+def quick_behind_slow_middleware() -> str:
+    return "done"
+
+
+@task(middleware=["tests.middlewares.hold_until_file"], retry=NO_WAIT)
+def held_by_middleware(value: int) -> int:
+    marker = _marker(f"held-ran-{value}")
+    if marker is not None:
+        marker.touch()
+    return value
+
+
+@task(middleware=["tests.middlewares.refuses"], retry=NO_WAIT)
+def refused_by_middleware() -> None:
+    marker = _marker("refused-ran")
+    if marker is not None:
+        marker.touch()
+
+
+# -- events (tests/test_events.py): subscribers installed in the worker process ----------
+def _install_event_subscribers() -> None:
+    """With ``DTP_EVENT_LOG`` set, log every event as a JSON line; with ``DTP_EVENT_RAISE``
+    also set, subscribe first a handler that raises on every event."""
+    import json
+    import threading
+
+    from django_tasks_plus import events
+
+    path = os.environ.get("DTP_EVENT_LOG")
+    if not path:
+        return
+    if os.environ.get("DTP_EVENT_RAISE"):
+
+        def explode(event: events.Event) -> None:
+            raise RuntimeError(f"subscriber exploded on {event.name}")
+
+        events.subscribe(explode)
+    lock = threading.Lock()
+
+    def record(event: events.Event) -> None:
+        line = json.dumps(
+            {
+                "name": event.name,
+                "measurements": dict(event.measurements),
+                "metadata": dict(event.metadata),
+                "thread": threading.current_thread().name,
+            },
+            default=str,
+        )
+        with lock, open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+    events.subscribe(record)
+
+
+_install_event_subscribers()

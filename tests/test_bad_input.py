@@ -401,8 +401,8 @@ def test_settings_unknown_key():
     assert str(info.value) == (
         "TASKS['default']['OPTIONS'] has an unknown key 'CONCURENCY'. Did you mean "
         "'CONCURRENCY'? Known keys: CONCURRENCY, DATABASE, DEDUP_TTL, DOER, "
-        "MAX_PAYLOAD_BYTES, NOTIFY, POLL_INTERVAL, PREFETCH, QUEUES_CONFIG, QUEUE_RESOLUTION, "
-        "RETRY, SHUTDOWN_TIMEOUT, VISIBILITY_TIMEOUT."
+        "MAX_PAYLOAD_BYTES, MIDDLEWARE, NOTIFY, POLL_INTERVAL, PREFETCH, QUEUES_CONFIG, "
+        "QUEUE_RESOLUTION, RETRY, SHUTDOWN_TIMEOUT, VISIBILITY_TIMEOUT."
     )
 
 
@@ -821,9 +821,15 @@ def test_worker_unknown_queue(run_worker):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (("--concurrency", "0"), "argument --concurrency: must be at least 1, got 0"),
+        (
+            ("--concurrency", "0"),
+            "argument --concurrency: must be a whole number of at least 1, got 0",
+        ),
         (("--concurrency", "many"), "argument --concurrency: expected a whole number, got 'many'"),
-        (("--poll-interval", "0"), "argument --poll-interval: must be more than 0, got 0"),
+        (
+            ("--poll-interval", "0"),
+            "argument --poll-interval: must be a positive number of seconds, got 0.0",
+        ),
         (("--backend", "missing"), "Unknown task backend 'missing'; TASKS configures: default."),
     ],
 )

@@ -639,8 +639,48 @@ def test_display_call():
     assert display_call(args, kwargs) == (["2026-01-01", [1]], {"k": [1, 2]})
 
 
+def test_display_call_given_tagless_texts_returns_the_encoded_call_itself():
+    # What a bulk enqueue does: the texts show no tag, so there is nothing to walk.
+    args, kwargs = encode_call((1, "x", [2.5, None]), {"k": {"n": True}})
+    shown = display_call(args, kwargs, dumps(args), dumps(kwargs))
+    assert shown == ([1, "x", [2.5, None]], {"k": {"n": True}})
+    assert shown[0] is args and shown[1] is kwargs
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (((dt.date(2026, 1, 1),), {}), (["2026-01-01"], {})),
+        (((), {"k": {1, 2}}), ([], {"k": [1, 2]})),
+        # User data holding the tag key: escaped as a "dict" tag, shown as the user's dict.
+        (((), {"k": {TAG: 1}}), ([], {"k": {TAG: 1}})),
+    ],
+    ids=["tag-in-args", "tag-in-kwargs", "escaped-dict"],
+)
+def test_display_call_given_texts_with_a_tag_walks_the_call(call, expected):
+    args, kwargs = encode_call(*call)
+    assert display_call(args, kwargs, dumps(args), dumps(kwargs)) == expected
+
+
 def test_decimal_context_does_not_change_values():
     value = Decimal("3.14159265358979323846264338327950288419716939937510")
     with decimal.localcontext() as context:
         context.prec = 3
         assert_same(value, round_trip(value))
+
+
+def test_display_shows_the_deepest_value_an_enqueue_writes_and_refuses_deeper():
+    """The depth ``display`` accepts does not depend on the interpreter's recursion limit:
+    whatever an enqueue writes is shown, anything deeper raises on every Python alike."""
+    from django_tasks_plus.codec import MAX_DEPTH, MAX_STORED_DEPTH, DecodeError, display_call
+
+    deepest: object = 1
+    for _ in range(MAX_DEPTH):
+        deepest = {"__dtp__": 1, "x": deepest}  # escaped dicts: the deepest stored shape
+    args, kwargs = encode_call((deepest,), {})
+    assert display_call(args, kwargs)[0][0]["x"]["__dtp__"] == 1
+    too_deep: list[object] = []
+    for _ in range(MAX_STORED_DEPTH):
+        too_deep = [too_deep]
+    with pytest.raises(DecodeError, match="nested more than"):
+        display_call([too_deep], {})

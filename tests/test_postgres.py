@@ -102,7 +102,7 @@ def test_claim_plan_uses_the_partial_ready_index():
     beside 50,000 finished ones (as in the benchmark's W4, scaled down): it must walk the
     partial READY index in claim order, not scan or sort the table."""
     from django_tasks_plus.db.pgexec import fetch_all
-    from django_tasks_plus.db.postgresql import _claim_sql
+    from django_tasks_plus.db.postgresql import CLAIM
 
     tasks.add.enqueue_many([((n, n), {}) for n in range(50_000)])
     TaskRecord.objects.update(status=TaskResultStatus.SUCCESSFUL)
@@ -111,7 +111,7 @@ def test_claim_plan_uses_the_partial_ready_index():
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {table}")
     params = ["default", ["default"], 16, "token", 300.0, "worker"]
-    plan_rows = fetch_all(connection, "EXPLAIN " + _claim_sql(connection.ops.quote_name), params)
+    plan_rows = fetch_all(connection, "EXPLAIN " + CLAIM, params)
     plan = "\n".join(row[0] for row in plan_rows)
     assert "dtp_task_ready_idx" in plan, plan
     assert f"Seq Scan on {table} candidate" not in plan, plan

@@ -1,8 +1,14 @@
-"""Every hand-written SQL statement, one module per database dialect.
+"""The database boundary: every hand-written SQL statement, one module per dialect.
 
-``dialect_for(connection)`` returns the object that knows the claim and insert SQL of
-that connection's vendor. The shared, ORM-expressible writes (fenced completion, lease
-renewal, reaping) live in ``store`` and work the same on every database.
+``dialect_for(connection)`` returns the ``Dialect`` (``db/base.py``) of that connection's
+vendor: the only place that looks at ``connection.vendor``. The statements every dialect
+shares are written once in ``db/sql.py`` with slots for dialect fragments; each dialect
+module writes its own. ``store`` (task rows by alias), ``completions`` (batched
+outcomes) and ``dedup`` (dedup keys) call the dialect; their ORM queries are
+vendor-neutral.
+
+Adding a database is one module with a ``Dialect`` subclass, one line in ``DIALECTS``,
+and its tests (see docs/development.md, "Adding a database").
 """
 
 from __future__ import annotations
@@ -10,30 +16,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.module_loading import import_string
 
 from ..exceptions import UnsupportedDatabase
 
 if TYPE_CHECKING:  # the dialects import the models: load them only when used
     from .base import Dialect
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+# Django's vendor name -> the dialect class, imported on first use.
+DIALECTS = {
+    "postgresql": "django_tasks_plus.db.postgresql.PostgreSQLDialect",
+    "sqlite": "django_tasks_plus.db.sqlite.SQLiteDialect",
+}
+SUPPORTED_VENDORS = tuple(DIALECTS)
+
+_instances: dict[str, Dialect] = {}
 
 
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
-    """The dialect for ``connection``; raise ``UnsupportedDatabase`` for other vendors."""
+    """The dialect for ``connection``; raise ``UnsupportedDatabase`` for other vendors.
+
+    Dialects hold no state, so there is one instance per vendor."""
     vendor = connection.vendor
-    if vendor == "postgresql":
-        from .postgresql import PostgreSQLDialect
-
-        return PostgreSQLDialect()
-    if vendor == "sqlite":
-        from .sqlite import SQLiteDialect
-
-        return SQLiteDialect()
-    raise UnsupportedDatabase(
-        f"django-tasks-plus does not support the {vendor!r} database yet; "
-        f"use one of: {', '.join(SUPPORTED_VENDORS)}."
-    )
+    dialect = _instances.get(vendor)
+    if dialect is None:
+        if vendor not in DIALECTS:
+            raise UnsupportedDatabase(
+                f"django-tasks-plus does not support the {vendor!r} database yet; "
+                f"use one of: {', '.join(SUPPORTED_VENDORS)}."
+            )
+        dialect = _instances[vendor] = import_string(DIALECTS[vendor])()
+    return dialect
 
 
-__all__ = ["SUPPORTED_VENDORS", "UnsupportedDatabase", "dialect_for"]
+__all__ = ["DIALECTS", "SUPPORTED_VENDORS", "UnsupportedDatabase", "dialect_for"]

@@ -4,49 +4,28 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from functools import cache
-from typing import Any
+from functools import cache, cached_property
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.utils.dateparse import parse_datetime
 
-from ..compat import TaskResultStatus
-from ..envelope import JsonText
 from ..lifecycle import ClaimedTask
 from ..models import TaskRecord
 from ..stored import error_list, parse_column, worker_id_list
+from . import sql
+from .sql import CLAIM_COLUMNS
+from .values import JsonText
+
+if TYPE_CHECKING:
+    from .completions import Completion
 
 NOTIFY_CHANNEL = "django_tasks_plus"
 # Rows per INSERT statement: well under PostgreSQL's 65,535 and SQLite's 32,766 parameters.
 INSERT_CHUNK = 1000
-
-# Inlined as literals (not parameters) so the planner can match the partial indexes.
-READY = TaskResultStatus.READY.value
-RUNNING = TaskResultStatus.RUNNING.value
-FAILED = TaskResultStatus.FAILED.value
-
-# Columns a claim returns, in this order.
-CLAIM_COLUMNS = (
-    "id",
-    "task_path",
-    "queue_name",
-    "priority",
-    "args",
-    "kwargs",
-    "attempt",
-    "worker_ids",
-    "errors",
-    "enqueued_at",
-    "run_after",
-    "started_at",
-    "lease_token",
-    "backend_name",
-    "ordering_key",
-    "requested_run_after",
-)
 
 
 @cache
@@ -59,7 +38,7 @@ def table() -> str:
 
 
 def column(name: str) -> str:
-    return _fields()[name].column
+    return cast(str, _fields()[name].column)  # a concrete field always has one
 
 
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
@@ -76,10 +55,10 @@ def insert_statements(
 ) -> list[tuple[str, list[Any]]]:
     """Multi-row INSERTs (one per ``INSERT_CHUNK`` rows) of same-shaped rows.
 
-    ``JsonText`` values are passed as text with ``json_placeholder`` (a cast where the
-    database needs one), so JSON is encoded once, by the codec. ``sequence_sql(i)`` is the
-    SQL expression numbering row ``i`` of a statement in enqueue order (None: the column's
-    default does).
+    Generated rather than written out: the columns are the envelope's. ``JsonText``
+    values are passed as text with ``json_placeholder`` (a cast where the database needs
+    one), so JSON is encoded once, by the codec. ``sequence_sql(i)`` is the SQL expression
+    numbering row ``i`` of a statement in enqueue order (None: the column's default does).
     """
     quote = connection.ops.quote_name
     names = list(rows[0])
@@ -108,40 +87,6 @@ def insert_statements(
             tuples.append(f"({', '.join(marks)})")
         statements.append((head + ", ".join(tuples), params))
     return statements
-
-
-def ordering_head_sql(candidate: str, quote: Callable[[str], str]) -> str:
-    """SQL true for a candidate row that may run now under its ordering key.
-
-    A keyed task runs only when no earlier task of its key is still pending (READY or
-    RUNNING, or dead-lettered under ordering_failure='block') and none of its key is
-    running. Earlier rows include the one a concurrent claim has locked, so two workers can
-    never pick two tasks of one key; a unique index backs this up.
-    """
-    t = quote(table())
-
-    def c(name: str) -> str:
-        return quote(column(name))
-
-    key, seq, status, backend = c("ordering_key"), c("sequence"), c("status"), c("backend_name")
-    return f"""(
-        {candidate}.{key} IS NULL OR (
-            NOT EXISTS (
-                SELECT 1 FROM {t} earlier
-                WHERE earlier.{backend} = {candidate}.{backend}
-                  AND earlier.{key} = {candidate}.{key}
-                  AND earlier.{seq} < {candidate}.{seq}
-                  AND (earlier.{status} IN ('{READY}', '{RUNNING}')
-                       OR (earlier.{status} = '{FAILED}' AND earlier.{c("ordering_blocked")}))
-            )
-            AND NOT EXISTS (
-                SELECT 1 FROM {t} running
-                WHERE running.{backend} = {candidate}.{backend}
-                  AND running.{key} = {candidate}.{key}
-                  AND running.{status} = '{RUNNING}'
-            )
-        )
-    )"""
 
 
 def _as_datetime(value: Any) -> datetime | None:
@@ -182,25 +127,39 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
 
 
 class Dialect(ABC):
-    """The SQL that differs between databases: inserting with a wake-up, claiming, and
-    the database's own clock.
+    """Everything the queue says to one kind of database: insert, claim, outcome writes,
+    lease renewal, reaping, dedup keys, and the database's clock.
+
+    A dialect is one module in ``db/`` (registered in ``db/__init__.py``). It writes its
+    own statements as named constants and fills the shared ones of ``db/sql.py`` with its
+    fragments; a method defined here works unchanged where those statements are valid
+    SQL for the database, and a dialect overrides it where they are not.
 
     Leases and due times are compared and computed with the database's clock, never the
     worker host's: a host whose clock runs fast or slow cannot then reap a live task or
     run one early, and an expiry is computed when the statement really runs, after any
-    wait for a lock, not when the worker decided to send it.
+    wait for a lock, not when the worker decided to send it. Dialects hold no state:
+    ``dialect_for`` hands out one instance per vendor.
     """
 
     vendor: str
     supports_notify: bool = False
+    """Whether enqueues wake workers with a notification (else workers poll)."""
+    supports_advisory_locks: bool = False
+    """Whether a session can hold a named lock that ends with it (leadership uses one;
+    else a lease row)."""
     now_sql: str
     """The database's current time, as SQL: for comparisons (due, expired)."""
     lock_rows_sql: str = ""
     """Appended to a sub-select to lock its rows (where the database has row locks)."""
+    json_param: str = "%s"
+    """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
 
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Problems that stop this database from running the queue (empty if none)."""
         return []
+
+    # -- the clock -----------------------------------------------------------------------
 
     @abstractmethod
     def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
@@ -226,6 +185,8 @@ class Dialect(ABC):
         The default does nothing: a database without such settings waits as it waits."""
         return None
 
+    # -- enqueue -------------------------------------------------------------------------
+
     @abstractmethod
     def insert_tasks(
         self,
@@ -235,6 +196,21 @@ class Dialect(ABC):
         notify: bool = True,
     ) -> None:
         """Insert task rows on ``connection``, numbering them in order, waking workers."""
+
+    def insert_dedup_key(self, connection: BaseDatabaseWrapper, params: Sequence[Any]) -> bool:
+        """Insert a dedup key row unless one holds the key; True if this call inserted it.
+
+        ``params`` are ``sql.INSERT_DEDUP_KEY``'s, driver-ready, the task ids as JSON text.
+        Runs in the caller's transaction."""
+        with connection.cursor() as cursor:
+            cursor.execute(self._insert_dedup_key_sql, params)
+            return cursor.fetchone() is not None
+
+    @cached_property
+    def _insert_dedup_key_sql(self) -> str:
+        return sql.INSERT_DEDUP_KEY.format(json=self.json_param)
+
+    # -- the worker ----------------------------------------------------------------------
 
     @abstractmethod
     def claim(
@@ -249,7 +225,58 @@ class Dialect(ABC):
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
         """Atomically move up to ``limit`` READY, due tasks to RUNNING under a lease of
-        ``visibility_timeout`` seconds; due and expiry by the database's clock."""
+        ``visibility_timeout`` seconds; due and expiry by the database's clock. The claim's
+        WHERE and ORDER BY are ``sql.claim_candidates`` with the dialect's fragments."""
+
+    def write_outcomes(
+        self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]
+    ) -> list[bool]:
+        """Write each ``(claimed, transition)`` fenced by its lease token, inside the
+        caller's transaction; return, in order, which landed.
+
+        The default writes row by row; a dialect with a batched form overrides it."""
+        from .store import apply_transition  # store reads dialect_for: import when used
+
+        return [apply_transition(connection.alias, task, outcome) for task, outcome in completions]
+
+    def renew_leases(
+        self,
+        connection: BaseDatabaseWrapper,
+        leases: Iterable[tuple[str, str]],
+        visibility_timeout: float,
+    ) -> set[tuple[str, str]]:
+        """Extend every ``(id, token)`` lease still held (``sql.RENEW_LEASES``) to
+        ``visibility_timeout`` seconds after its row is written; return the pairs renewed."""
+        ids = sorted({task_id for task_id, _ in leases})
+        tokens = sorted({token for _, token in leases})
+        expiry_sql, expiry_params = self.lease_expiry(visibility_timeout)
+        statement = sql.RENEW_LEASES.format(
+            lease_expiry=expiry_sql,
+            ids=sql.placeholders(len(ids)),
+            tokens=sql.placeholders(len(tokens)),
+            lock_rows=self.lock_rows_sql,
+        )
+        params = [
+            *expiry_params,
+            *(prep("id", uuid.UUID(task_id), connection) for task_id in ids),
+            *tokens,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return {(str(uuid.UUID(str(row[0]))), row[1]) for row in cursor.fetchall()}
+
+    def expired_tasks(
+        self, connection: BaseDatabaseWrapper, backend_name: str, limit: int
+    ) -> list[ClaimedTask]:
+        """Running tasks of ``backend_name`` whose lease ran out (``sql.EXPIRED_TASKS``)."""
+        with connection.cursor() as cursor:
+            cursor.execute(self._expired_tasks_sql, [backend_name, limit])
+            rows = cursor.fetchall()
+        return [claimed_from_row(row) for row in rows]
+
+    @cached_property
+    def _expired_tasks_sql(self) -> str:
+        return sql.EXPIRED_TASKS.format(claim_columns=", ".join(CLAIM_COLUMNS), now=self.now_sql)
 
 
 def sort_claimed(claimed: list[ClaimedTask]) -> list[ClaimedTask]:

@@ -1,9 +1,10 @@
 """Deduplication keys: at most one enqueue per key while the key is held.
 
-Taken inside the enqueuing transaction: ``INSERT … ON CONFLICT DO NOTHING`` lets the
-unique constraint settle races (a concurrent taker waits for the holder's transaction and
-then sees its row, or, after a rollback, takes the key itself). A held key whose window
-has passed is re-taken under a row lock. ``prune_keys`` deletes keys that no longer hold,
+Taken inside the enqueuing transaction by the dialect's insert-unless-held
+(``Dialect.insert_dedup_key``: ``INSERT … ON CONFLICT DO NOTHING``), so the unique
+constraint settles races (a concurrent taker waits for the holder's transaction and then
+sees its row, or, after a rollback, takes the key itself). A held key whose window has
+passed is re-taken under a row lock. ``prune_keys`` deletes keys that no longer hold,
 safely while others enqueue.
 """
 
@@ -12,15 +13,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import QuerySet
+from django.db.models import Field, QuerySet
 
 from ..compat import TaskResultStatus
-from ..envelope import JsonText
 from ..models import DedupKey, TaskRecord
+from . import dialect_for
 
 PENDING = (TaskResultStatus.READY, TaskResultStatus.RUNNING)
 
@@ -87,27 +88,20 @@ def _insert_key(
     until_finished: bool,
 ) -> bool:
     """Insert the key row unless one exists; True if this call inserted it."""
-    quote = connection.ops.quote_name
-    meta = DedupKey._meta
-    names = ["backend_name", "key", "task_ids", "expires_at", "until_finished", "created_at"]
-    values = [backend_name, key, JsonText(_json_ids(task_ids)), expires_at, until_finished, now]
-    columns = ", ".join(quote(meta.get_field(name).column) for name in names)
-    marks, params = [], []
-    for name, value in zip(names, values, strict=True):
-        if isinstance(value, JsonText):
-            marks.append("%s::jsonb" if connection.vendor == "postgresql" else "%s")
-            params.append(str(value))
-        else:
-            marks.append("%s")
-            params.append(meta.get_field(name).get_db_prep_save(value, connection))
-    conflict = ", ".join(quote(meta.get_field(name).column) for name in ("backend_name", "key"))
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({', '.join(marks)}) "
-        f"ON CONFLICT ({conflict}) DO NOTHING RETURNING {quote(meta.pk.column)}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone() is not None
+
+    def prep(name: str, value: Any) -> Any:
+        field = cast(Field, DedupKey._meta.get_field(name))
+        return field.get_db_prep_save(value, connection)
+
+    params = [
+        prep("backend_name", backend_name),
+        prep("key", key),
+        _json_ids(task_ids),
+        prep("expires_at", expires_at),
+        prep("until_finished", until_finished),
+        prep("created_at", now),
+    ]
+    return dialect_for(connection).insert_dedup_key(connection, params)
 
 
 def _take_over_if_lapsed(
@@ -220,7 +214,9 @@ def _delete_unchanged(database: str, keys: Sequence[tuple[Any, ...]]) -> int:
     quote = connection.ops.quote_name
     meta = DedupKey._meta
     created = meta.get_field("created_at")
-    match = f"({quote(meta.pk.column)} = %s AND {quote(created.column)} = %s)"
+    # Concrete fields always have a column (django-stubs allow None).
+    pk_column, created_column = cast(str, meta.pk.column), cast(str, created.column)
+    match = f"({quote(pk_column)} = %s AND {quote(created_column)} = %s)"
     params: list[Any] = []
     for pk, created_at in keys:
         params += [pk, created.get_db_prep_value(created_at, connection)]

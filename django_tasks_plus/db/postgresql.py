@@ -1,37 +1,127 @@
-"""PostgreSQL: ``FOR UPDATE SKIP LOCKED`` claims and LISTEN/NOTIFY wake-ups."""
+"""PostgreSQL: ``FOR UPDATE SKIP LOCKED`` claims, LISTEN/NOTIFY wake-ups, COPY for big
+enqueues and one statement per group of outcomes.
+
+The claim and the outcome writes run through ``pgexec`` (server-side binding): their text
+is fixed, so psycopg parses it once.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..lifecycle import ClaimedTask
+from . import sql
 from .base import (
-    CLAIM_COLUMNS,
     NOTIFY_CHANNEL,
-    READY,
-    RUNNING,
     Dialect,
     claimed_from_row,
     column,
     insert_statements,
-    ordering_head_sql,
     sort_claimed,
     table,
 )
 from .pgexec import fetch_all
 
+if TYPE_CHECKING:
+    from .completions import Completion
+
 # Batches at least this big go through COPY, which skips SQL parsing of every row.
 COPY_THRESHOLD = 64
+
+# The database's clock for comparisons: fixed for the statement, so every row of a claim
+# is judged due against the same instant.
+NOW = "statement_timestamp()"
+
+# "N seconds from now" (one parameter): clock_timestamp() is read when the row is written,
+# after any lock wait, so a lease is never partly spent before it is handed out.
+LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
+
+# The claim, in one round trip: lock up to LIMIT candidates no other claim holds, then
+# lease them. Due is judged by statement_timestamp(), each lease runs from when its row is
+# written, and last_attempted_at (returned last) is the claim's time by the database's
+# clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
+# failing the whole claim.
+# Parameters: backend, queues (one text array), limit, lease token, lease seconds, worker id.
+CLAIM = """
+    WITH picked AS ({candidates})
+    UPDATE django_tasks_plus_taskrecord task SET
+        status = 'RUNNING',
+        lease_token = %s,
+        lease_expires_at = {lease_expiry},
+        attempt = task.attempt + 1,
+        worker_ids = (
+            CASE WHEN jsonb_typeof(task.worker_ids) = 'array'
+            THEN task.worker_ids ELSE '[]'::jsonb END
+        ) || jsonb_build_array(%s::text),
+        started_at = COALESCE(task.started_at, {now}),
+        last_attempted_at = {now}
+    FROM picked WHERE task.id = picked.id
+    RETURNING {returning}, task.last_attempted_at
+""".format(
+    candidates=sql.claim_candidates(
+        queue_in="= ANY(%s)", now=NOW, skip_locked="\n        FOR UPDATE SKIP LOCKED"
+    ),
+    lease_expiry=LEASE_EXPIRY,
+    now=NOW,
+    returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
+)
+
+# Wake the workers of the given queues. PostgreSQL delivers notifications only on commit
+# and folds identical ones within a transaction: a rollback wakes nobody, and a batch
+# wakes each queue once. Parameters: channel, queues (one text array).
+NOTIFY_QUEUES = "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue"
+
+# An INSERT and its wake-up in one round trip: the insert's parameters, then NOTIFY_QUEUES'.
+INSERT_AND_NOTIFY = "WITH inserted AS ({insert}) " + NOTIFY_QUEUES
+
+# Bound the worker's own statements: a lock wait gives up sooner than a statement, so a
+# stalled table is noticed (logged, retried) while the lease can still be renewed.
+# Parameters: statement_timeout and lock_timeout in milliseconds, as text.
+SET_WORKER_TIMEOUTS = (
+    "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)"
+)
+
+# Many fenced outcomes that set the same columns, in one statement: the whole group is
+# one JSON parameter that jsonb_to_recordset unpacks into typed columns. Each row lands
+# only where its lease token still matches; RETURNING names the rows that landed.
+# {assignments}: "column = v.column" for each column the outcomes set;
+# {record_columns}: ", column type" for each.
+UPDATE_OUTCOMES = """
+    UPDATE django_tasks_plus_taskrecord task SET
+        status = v.status, lease_token = NULL, lease_expires_at = NULL{assignments}
+    FROM jsonb_to_recordset(%s::jsonb)
+        AS v(id uuid, lease_token text, status text{record_columns})
+    WHERE task.id = v.id AND task.lease_token = v.lease_token AND task.status = 'RUNNING'
+    RETURNING task.id
+"""
+
+# PostgreSQL types of the record columns, so values arrive with the column's type.
+_PG_TYPES = {
+    "UUIDField": "uuid",
+    "CharField": "text",
+    "TextField": "text",
+    "JSONField": "jsonb",
+    "DateTimeField": "timestamptz",
+    "PositiveIntegerField": "integer",
+    "SmallIntegerField": "smallint",
+    "BooleanField": "boolean",
+    "BigIntegerField": "bigint",
+}
 
 
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     supports_notify = True
+    supports_advisory_locks = True
+    now_sql = NOW
+    lock_rows_sql = " FOR UPDATE"
+    json_param = "%s::jsonb"
 
     def insert_tasks(
         self,
@@ -45,28 +135,20 @@ class PostgreSQLDialect(Dialect):
             self._copy(connection, rows)
             if notify:
                 with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue",
-                        [NOTIFY_CHANNEL, queues],
-                    )
+                    cursor.execute(NOTIFY_QUEUES, [NOTIFY_CHANNEL, queues])
             return
         # The sequence column is left out: its default (migration 0002) numbers the rows.
         statements = insert_statements(
-            rows, connection, json_placeholder="%s::jsonb", sequence_sql=None
+            rows, connection, json_placeholder=self.json_param, sequence_sql=None
         )
         with connection.cursor() as cursor:
             for insert, params in statements:
-                if not notify:
+                if notify:
+                    cursor.execute(
+                        INSERT_AND_NOTIFY.format(insert=insert), [*params, NOTIFY_CHANNEL, queues]
+                    )
+                else:
                     cursor.execute(insert, params)
-                    continue
-                # One round trip per chunk: the insert and its NOTIFY. PostgreSQL delivers
-                # notifications only on commit and folds identical ones within a
-                # transaction, so a rollback wakes nobody and a batch wakes workers once.
-                cursor.execute(
-                    f"WITH inserted AS ({insert}) "
-                    "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue",
-                    [*params, NOTIFY_CHANNEL, queues],
-                )
 
     def _copy(self, connection: BaseDatabaseWrapper, rows: Sequence[Mapping[str, Any]]) -> None:
         """Stream the rows with COPY, in the caller's transaction.
@@ -76,8 +158,7 @@ class PostgreSQLDialect(Dialect):
         path, never as a raw ``psycopg`` error.
         """
         quote = connection.ops.quote_name
-        names = list(rows[0])
-        columns = ", ".join(quote(column(name)) for name in names)
+        columns = ", ".join(quote(column(name)) for name in rows[0])
         with connection.cursor() as cursor, connection.wrap_database_errors:
             raw = cursor.cursor  # psycopg's own cursor: COPY is not part of the DB-API
             with raw.copy(f"COPY {quote(table())} ({columns}) FROM STDIN") as copy:
@@ -98,19 +179,28 @@ class PostgreSQLDialect(Dialect):
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
         params = [backend_name, list(queues), limit, lease_token, visibility_timeout, worker_id]
-        rows = fetch_all(connection, _claim_sql(connection.ops.quote_name), params)
+        rows = fetch_all(connection, CLAIM, params)
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
 
-    now_sql = "statement_timestamp()"
-    lock_rows_sql = " FOR UPDATE"
+    def write_outcomes(
+        self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]
+    ) -> list[bool]:
+        """One ``UPDATE_OUTCOMES`` per set of columns the outcomes set."""
+        groups: dict[tuple[str, ...], list[Completion]] = {}
+        for claimed, outcome in completions:
+            groups.setdefault(tuple(sorted(outcome.values)), []).append((claimed, outcome))
+        landed: set[str] = set()
+        for names, members in groups.items():
+            rows = fetch_all(connection, _update_outcomes_sql(names), [_records(names, members)])
+            landed.update(str(row[0]) for row in rows)
+        return [claimed.id in landed for claimed, _ in completions]
 
     def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
-        # clock_timestamp() is read when the row is written: after any lock wait.
-        return "clock_timestamp() + %s * interval '1 second'", [seconds]
+        return LEASE_EXPIRY, [seconds]
 
     def parse_time(self, value: Any) -> datetime:
-        return value  # type: ignore[no-any-return]
+        return value
 
     def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
         raw = connection.connection
@@ -118,54 +208,50 @@ class PostgreSQLDialect(Dialect):
             return
         milliseconds = max(1, int(seconds * 1000))
         with connection.cursor() as cursor:
-            # A lock wait gives up sooner than a statement, so a stalled table is noticed
-            # (and logged, and retried) while the lease can still be renewed.
-            cursor.execute(
-                "SELECT set_config('statement_timeout', %s, false), "
-                "set_config('lock_timeout', %s, false)",
-                [str(milliseconds), str(max(1, milliseconds // 3))],
-            )
+            cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
         raw._dtp_bounded = seconds
 
 
-@lru_cache(maxsize=8)
-def _claim_sql(quote: Callable[[str], str]) -> str:
-    """The claim statement; its text never changes, so it is built once per connection.
+@lru_cache(maxsize=64)
+def _update_outcomes_sql(names: tuple[str, ...]) -> str:
+    """``UPDATE_OUTCOMES`` for outcomes that set ``names``: built once per set of columns."""
+    return UPDATE_OUTCOMES.format(
+        assignments="".join(f", {column(name)} = v.{name}" for name in names),
+        record_columns="".join(f", {name} {_pg_type(name)}" for name in names),
+    )
 
-    Every time in it is the database's: due is ``run_after <= statement_timestamp()``, and
-    the lease runs from when each row is written (``clock_timestamp()``), so a claim that
-    waited for a lock does not hand out a lease that is already partly spent.
+
+def _pg_type(name: str) -> str:
+    from ..models import TaskRecord
+
+    return _PG_TYPES[TaskRecord._meta.get_field(name).get_internal_type()]
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not a column value")
+
+
+# Outcome values are JSON-ready but for datetimes; NaN never reaches here (the codec
+# refuses it), so allow_nan=False only guards the SQL from an invalid literal.
+_RECORDS = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_iso
+)
+
+
+def _records(names: tuple[str, ...], members: Sequence[Completion]) -> str:
+    """The group as one JSON array of objects: id, lease token, status and ``names``.
+
+    One text parameter, encoded by the C JSON encoder, costs far less on the client than
+    a parameter (or an array element) per value; ``jsonb_to_recordset`` unpacks it.
+    A JSON ``null`` arrives as SQL NULL, as the ORM stores a null JSON column.
     """
-    t = quote(table())
-
-    def c(name: str) -> str:
-        return quote(column(name))
-
-    returning = ", ".join(f"{t}.{c(name)}" for name in CLAIM_COLUMNS)
-    return f"""
-        WITH picked AS (
-            SELECT candidate.{c("id")} FROM {t} candidate
-            WHERE candidate.{c("status")} = '{READY}'
-              AND candidate.{c("backend_name")} = %s
-              AND candidate.{c("queue_name")} = ANY(%s)
-              AND candidate.{c("run_after")} <= statement_timestamp()
-              AND {ordering_head_sql("candidate", quote)}
-            ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
-                     candidate.{c("id")}
-            LIMIT %s
-            FOR UPDATE SKIP LOCKED
-        )
-        UPDATE {t} SET
-            {c("status")} = '{RUNNING}',
-            {c("lease_token")} = %s,
-            {c("lease_expires_at")} = clock_timestamp() + %s * interval '1 second',
-            {c("attempt")} = {t}.{c("attempt")} + 1,
-            {c("worker_ids")} = (
-                CASE WHEN jsonb_typeof({t}.{c("worker_ids")}) = 'array'
-                THEN {t}.{c("worker_ids")} ELSE '[]'::jsonb END
-            ) || jsonb_build_array(%s::text),
-            {c("started_at")} = COALESCE({t}.{c("started_at")}, statement_timestamp()),
-            {c("last_attempted_at")} = statement_timestamp()
-        FROM picked WHERE {t}.{c("id")} = picked.{c("id")}
-        RETURNING {returning}, {t}.{c("last_attempted_at")}
-    """
+    records = []
+    for claimed, outcome in members:
+        record = {"id": claimed.id, "lease_token": claimed.lease_token, "status": outcome.status}
+        values = outcome.values
+        for name in names:
+            record[name] = values[name]
+        records.append(record)
+    return _RECORDS.encode(records)

@@ -11,37 +11,77 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from ..lifecycle import ClaimedTask
-from .base import (
-    CLAIM_COLUMNS,
-    READY,
-    RUNNING,
-    Dialect,
-    claimed_from_row,
-    column,
-    insert_statements,
-    ordering_head_sql,
-    sort_claimed,
-    table,
-)
+from . import sql
+from .base import Dialect, claimed_from_row, insert_statements, sort_claimed
 
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE … RETURNING
-
 
 # SQLite has no server: its clock is the host's, read inside the statement (so a wait for
 # the write lock cannot make an expiry stale). The text format is the one Django stores
 # datetimes in (UTC, space-separated), with milliseconds, so comparisons stay textual.
-_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-_NOW_PLUS = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+# (%% because the statements run with parameters.)
+NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+# What is due: run_after is written with microseconds (by Django, from the worker's
+# clock), the clock above has milliseconds, so a task due within the current millisecond
+# must count as due: otherwise a retry written "now" could be missed by the very next
+# claim (and a --burst worker would stop with it still waiting).
+DUE = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+0.001 seconds')"
+
+# "N seconds from now"; its one parameter is a date modifier (``_seconds_modifier``).
+LEASE_EXPIRY = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+# The next free sequence number, plus {offset}. Writes are serialized, so an INSERT can
+# number its own rows: whether SQLite evaluates these sub-selects before or between row
+# inserts, the numbers come out distinct and increasing.
+NEXT_SEQUENCE = "(SELECT COALESCE(MAX(sequence), 0) + {offset} FROM django_tasks_plus_taskrecord)"
+
+# The claim: one UPDATE that selects and leases its rows. SQLite takes the write lock
+# before the statement reads, so no other claim can pick the same rows (no SKIP LOCKED
+# needed). Every time is read inside the statement; last_attempted_at (returned last) is
+# the claim's time. json_insert raises on malformed JSON, so a worker_ids that is not an
+# array is replaced by a fresh one: one corrupt row must not fail every claim.
+# Parameters: lease token, lease modifier, worker id, backend, the queues ({queue_marks}:
+# one placeholder each), limit.
+CLAIM = """
+    UPDATE django_tasks_plus_taskrecord SET
+        status = 'RUNNING',
+        lease_token = %s,
+        lease_expires_at = {lease_expiry},
+        attempt = attempt + 1,
+        worker_ids = json_insert(
+            CASE WHEN json_valid(worker_ids) AND json_type(worker_ids) = 'array'
+            THEN worker_ids ELSE '[]' END,
+            '$[#]', %s
+        ),
+        started_at = COALESCE(started_at, {now}),
+        last_attempted_at = {now}
+    WHERE id IN ({candidates})
+    RETURNING {returning}, last_attempted_at
+"""
+
+
+@lru_cache(maxsize=16)
+def _claim_sql(queue_count: int) -> str:
+    """``CLAIM`` for ``queue_count`` served queues: built once per count."""
+    return CLAIM.format(
+        candidates=sql.claim_candidates(queue_in=f"IN ({sql.placeholders(queue_count)})", now=DUE),
+        lease_expiry=LEASE_EXPIRY,
+        now=NOW,
+        returning=", ".join(sql.CLAIM_COLUMNS),
+    )
 
 
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
+    now_sql = NOW
 
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
@@ -59,19 +99,11 @@ class SQLiteDialect(Dialect):
         *,
         notify: bool = True,
     ) -> None:
-        quote = connection.ops.quote_name
-        # Writes are serialized, so the statement itself can number its rows: whether
-        # SQLite evaluates the sub-selects before or between row inserts, the numbers
-        # come out distinct and increasing.
-        next_sequence = (
-            f"(SELECT COALESCE(MAX({quote(column('sequence'))}), 0) + {{offset}} "
-            f"FROM {quote(table())})"
-        )
         statements = insert_statements(
             rows,
             connection,
-            json_placeholder="%s",
-            sequence_sql=lambda index: next_sequence.format(offset=index + 1),
+            json_placeholder=self.json_param,
+            sequence_sql=lambda index: NEXT_SEQUENCE.format(offset=index + 1),
         )
         with connection.cursor() as cursor:
             for insert, params in statements:
@@ -88,37 +120,7 @@ class SQLiteDialect(Dialect):
         lease_token: str,
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
-        quote = connection.ops.quote_name
-        t = quote(table())
-
-        def c(name: str) -> str:
-            return quote(column(name))
-
-        queue_marks = ", ".join(["%s"] * len(queues))
-        returning = ", ".join(c(name) for name in CLAIM_COLUMNS)
-        sql = f"""
-            UPDATE {t} SET
-                {c("status")} = '{RUNNING}',
-                {c("lease_token")} = %s,
-                {c("lease_expires_at")} = {_NOW_PLUS},
-                {c("attempt")} = {c("attempt")} + 1,
-                {c("worker_ids")} = json_insert({_array_or_empty(c("worker_ids"))}, '$[#]', %s),
-                {c("started_at")} = COALESCE({c("started_at")}, {_NOW}),
-                {c("last_attempted_at")} = {_NOW}
-            WHERE {c("id")} IN (
-                SELECT candidate.{c("id")} FROM {t} candidate
-                WHERE candidate.{c("status")} = '{READY}'
-                  AND candidate.{c("backend_name")} = %s
-                  AND candidate.{c("queue_name")} IN ({queue_marks})
-                  AND candidate.{c("run_after")} <= {_NOW}
-                  AND {ordering_head_sql("candidate", quote)}
-                ORDER BY candidate.{c("priority")} DESC, candidate.{c("run_after")},
-                         candidate.{c("id")}
-                LIMIT %s
-            )
-            RETURNING {returning}, {c("last_attempted_at")}
-        """
-        params = [
+        params: list[Any] = [
             lease_token,
             _seconds_modifier(visibility_timeout),
             worker_id,
@@ -127,15 +129,13 @@ class SQLiteDialect(Dialect):
             limit,
         ]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(_claim_sql(len(queues)), params)
             rows = cursor.fetchall()
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], self.parse_time(row[-1])) for row in rows])
 
-    now_sql = _NOW
-
     def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
-        return _NOW_PLUS, [_seconds_modifier(seconds)]
+        return LEASE_EXPIRY, [_seconds_modifier(seconds)]
 
     def parse_time(self, value: Any) -> datetime:
         parsed = parse_datetime(value) if isinstance(value, str) else value
@@ -147,12 +147,3 @@ class SQLiteDialect(Dialect):
 def _seconds_modifier(seconds: float) -> str:
     """SQLite's date modifier for "``seconds`` later" (fractions allowed)."""
     return f"{seconds:+.3f} seconds"
-
-
-def _array_or_empty(column_sql: str) -> str:
-    """The column if it holds a JSON array, else ``'[]'``: one corrupt row must not make
-    every claim fail (``json_insert`` raises on malformed JSON)."""
-    return (
-        f"CASE WHEN json_valid({column_sql}) AND json_type({column_sql}) = 'array' "
-        f"THEN {column_sql} ELSE '[]' END"
-    )

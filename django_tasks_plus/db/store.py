@@ -1,15 +1,17 @@
-"""Task-row reads and writes that every database expresses the same way.
+"""The task-row operations the worker and the backend call, by database alias.
 
-Every write after a claim is **fenced**: it only lands where the row still carries the
-lease token the writer holds. A worker that lost its lease (paused, partitioned, too
-slow, reaped) therefore cannot overwrite the outcome of whoever owns the task now.
+Most are ORM queries (workers, cancel, redrive, discard, the fenced single write), which
+every database runs the same way; those whose SQL differs (lease renewal, reaping) are
+the dialect's. Every write after a claim is **fenced**: it only lands where the row still
+carries the lease token the writer holds. A worker that lost its lease (paused,
+partitioned, too slow, reaped) therefore cannot overwrite the outcome of whoever owns the
+task now.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
@@ -21,7 +23,6 @@ from ..lifecycle import ClaimedTask, Transition
 from ..models import TaskRecord, WorkerRecord
 from ..stored import error_list
 from . import dialect_for
-from .base import CLAIM_COLUMNS, RUNNING, claimed_from_row, column, prep, table
 
 
 def apply_transition(
@@ -56,64 +57,22 @@ def renew_leases(
     no longer held.
 
     The new expiry is ``visibility_timeout`` seconds after the row is written, by the
-    database's clock: a renewal that waited on a lock still grants a whole lease. One
-    ``UPDATE … RETURNING``, so a task that finishes meanwhile is never mistaken for a lost
-    lease by a second look.
+    database's clock (``Dialect.renew_leases``).
     """
     leases = list(leases)
     if not leases:
         return set()
     connection = connections[database]
-    quote = connection.ops.quote_name
-    ids = sorted({task_id for task_id, _ in leases})
-    tokens = sorted({token for _, token in leases})
-    id_column, token_column = quote(column("id")), quote(column("lease_token"))
-    dialect = dialect_for(connection)
-    expiry_sql, expiry_params = dialect.lease_expiry(visibility_timeout)
-    # The rows are locked in a sub-select first, so the expiry is computed after any
-    # wait for another session's row lock, not before it.
-    sql = (
-        f"UPDATE {quote(table())} SET {quote(column('lease_expires_at'))} = {expiry_sql} "
-        f"WHERE {id_column} IN (SELECT {id_column} FROM {quote(table())} "
-        f"WHERE {id_column} IN ({', '.join(['%s'] * len(ids))}) "
-        f"AND {token_column} IN ({', '.join(['%s'] * len(tokens))}) "
-        f"AND {quote(column('status'))} = '{RUNNING}'{dialect.lock_rows_sql}) "
-        f"RETURNING {id_column}, {token_column}"
-    )
-    params = [
-        *expiry_params,
-        *(prep("id", uuid.UUID(task_id), connection) for task_id in ids),
-        *tokens,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        held = {(str(uuid.UUID(str(row[0]))), row[1]) for row in cursor.fetchall()}
+    held = dialect_for(connection).renew_leases(connection, leases, visibility_timeout)
     return set(leases) - held
 
 
 def expired_tasks(database: str, backend_name: str, limit: int = 100) -> list[ClaimedTask]:
     """Running tasks of this backend whose lease ran out by the database's clock, oldest
-    expiry first.
-
-    Read with plain SQL and decoded by ``claimed_from_row``, never by the ORM's JSON
-    fields: a hostile row (JSON nested too deep to parse) must read as corrupt, not
-    raise and stop every reaper round.
-    """
+    expiry first (``Dialect.expired_tasks``: a hostile row reads as corrupt, never raises
+    and stops every reaper round)."""
     connection = connections[database]
-    quote = connection.ops.quote_name
-    t = quote(table())
-    selected = ", ".join(f"{t}.{quote(column(name))}" for name in CLAIM_COLUMNS)
-    sql = (
-        f"SELECT {selected} FROM {t} "
-        f"WHERE {quote(column('backend_name'))} = %s "
-        f"AND {quote(column('status'))} = '{RUNNING}' "
-        f"AND {quote(column('lease_expires_at'))} < {dialect_for(connection).now_sql} "
-        f"ORDER BY {quote(column('lease_expires_at'))} LIMIT %s"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [backend_name, limit])
-        rows = cursor.fetchall()
-    return [claimed_from_row(row) for row in rows]
+    return dialect_for(connection).expired_tasks(connection, backend_name, limit)
 
 
 def register_worker(

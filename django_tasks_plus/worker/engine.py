@@ -1,9 +1,11 @@
 """The ``runtasks`` engine: claim batches, hand them to doers, run them on threads.
 
-One main thread claims and dispatches; ``concurrency`` threads run tasks; one reporter
-thread writes their outcomes in batches (group commit); a heartbeat thread renews leases
-and reaps; on PostgreSQL a listener thread turns NOTIFY into wake-ups. Doers are only
-touched by the main thread, so they need no locks.
+One main thread claims and dispatches; ``concurrency`` threads run tasks. Everything else
+runs as worker services (``services.py``), started from one list by ``run()`` and stopped
+by ``_shutdown()``: the reporter writes outcomes in batches (group commit), the heartbeat
+renews leases and reaps, on PostgreSQL a listener turns NOTIFY into wake-ups, and the
+leader election starts the singleton services (the worker-row pruner) on one worker per
+backend. Doers are only touched by the main thread, so they need no locks.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -22,26 +23,34 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from .. import events
 from ..compat import task_backends
 from ..db import dialect_for
 from ..db.store import apply_transition, register_worker, remove_worker
 from ..lifecycle import ClaimedTask, Released
+from .config import WorkerConfig
 from .dbclock import DatabaseClock
 from .doers import Doer, make_doer
 from .execution import TaskRunner
-from .heartbeat import Heartbeat, Lease
+from .heartbeat import Heartbeat, Lease, WorkerPruner
+from .leadership import LeaderElection
 from .outcome import outcome_for
 from .reaper import reap_expired
 from .reporter import Reporter
+from .services import Service, Services
 from .slots import Slots
 from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 
+if TYPE_CHECKING:
+    from ..backend import DatabaseBackend
+    from ..conf import BackendSettings
+
 logger = logging.getLogger("django_tasks_plus.worker")
 
-WORKER_ID_MAX_LENGTH = 64
 # Adaptive prefetch holds about this much work, by recent run times, beyond the threads'
 # own, and never more than MAX_ADAPTIVE_PREFETCH tasks: short tasks are claimed in big
 # batches (few claim round trips and commits per task), long ones a few at a time (no
@@ -66,31 +75,6 @@ def adaptive_prefetch(concurrency: int, floor: int, run_seconds: float | None) -
     return max(floor, min(MAX_ADAPTIVE_PREFETCH, int(wanted)))
 
 
-def default_worker_id() -> str:
-    host = socket.gethostname().split(".")[0][:40]
-    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything one worker process needs to know, resolved from settings and flags."""
-
-    backend_alias: str
-    queues: tuple[str, ...]
-    concurrency: int
-    worker_id: str
-    visibility_timeout: float
-    shutdown_timeout: float
-    poll_interval: float
-    prefetch: int = 0
-    # Grow the prefetch above ``prefetch`` (its floor) while tasks are short.
-    adaptive_prefetch: bool = False
-    burst: bool = False
-    max_tasks: int | None = None
-    log_each_task: bool = False
-    listen: bool = True
-
-
 @dataclass
 class QueueGroup:
     """Queues that share one doer, claimed together in one statement."""
@@ -99,9 +83,9 @@ class QueueGroup:
     queues: tuple[str, ...]
 
 
-def build_groups(backend_settings, queues: Sequence[str]) -> list[QueueGroup]:  # type: ignore[no-untyped-def]
+def build_groups(backend_settings: BackendSettings, queues: Sequence[str]) -> list[QueueGroup]:
     """One group per distinct doer spec: queues without their own spec share the default."""
-    groups: dict[str, tuple[object, list[str]]] = {}
+    groups: dict[str, tuple[Any, list[str]]] = {}
     for name in queues:
         spec = backend_settings.doer_spec_for(name)
         key = f"queue:{name}" if backend_settings.has_own_doer(name) else repr(spec)
@@ -114,7 +98,7 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, clock: Callable[[], datetime] | None = None) -> None:
         self.config = config
-        self.backend = task_backends[config.backend_alias]
+        self.backend = cast("DatabaseBackend", task_backends[config.backend_alias])
         self.database = self.backend.settings.database
         # The host's clock corrected to the database's, unless a test brings its own.
         self.database_clock = DatabaseClock(self.database) if clock is None else None
@@ -134,7 +118,6 @@ class Worker:
         )
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
-        self.halt = threading.Event()  # stops background threads after shutdown
         self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup, float]] = (
             queue.SimpleQueue()
         )
@@ -148,11 +131,16 @@ class Worker:
         self._group_cursor = 0
         self._claim_cursor = 0
         self.signals_received = 0
-        self.listening = False
         self._pool = Slots(
             config.concurrency, name_prefix="tasks-slot", on_exit=connections.close_all
         )
-        self._threads: list[threading.Thread] = []  # background threads, joined at exit
+        self.listening = (
+            config.listen
+            and self.backend.settings.notify
+            and dialect_for(connections[self.database]).supports_notify
+        )
+        self.election: LeaderElection | None = None
+        self.services = Services(self.build_services())
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -168,37 +156,84 @@ class Worker:
             concurrency=self.config.concurrency,
             now=self.clock(),
         )
-        heartbeat = Heartbeat(
-            self.backend,
-            worker_id=self.config.worker_id,
-            leases=self._lease_snapshot,
-            on_lost=self._on_leases_lost,
-            clock=self.clock,
-            visibility_timeout=self.config.visibility_timeout,
-            stop=self.halt,
-            sync_clock=self.database_clock.sync if self.database_clock is not None else None,
-        )
-        heartbeat.start()
-        self._threads.append(heartbeat)
-        self.reporter.start()
-        self.listening = (
-            self.config.listen
-            and self.backend.settings.notify
-            and dialect_for(connections[self.database]).supports_notify
-        )
-        if self.listening:
-            listener = NotifyListener(self.database, self.config.queues, self.wakeup, self.halt)
-            listener.start()
-            self._threads.append(listener)
         abandoned = 0
+        up_since = time.monotonic()
+        events.emit_worker_started(
+            self.backend.alias, self.config.worker_id, self.config.queues, self.config.concurrency
+        )
         try:
+            # A service that cannot start raises ServiceStartError: the worker shuts down
+            # (the started ones are stopped there) and the error reaches the caller.
+            self.services.start()
             # Return what dead workers left behind before the first claim (matters for
             # --burst); a failure here is the heartbeat's to retry, not fatal.
             self._reap_at_start()
             self._loop()
         finally:
             abandoned = self._shutdown()
+            events.emit_worker_stopped(
+                self.backend.alias,
+                self.config.worker_id,
+                claimed=self._claimed_total,
+                abandoned=abandoned,
+                uptime=time.monotonic() - up_since,
+            )
         return 1 if abandoned else 0
+
+    def build_services(self) -> list[Service]:
+        """The worker's services, in start order (stopped in reverse order).
+
+        Per-worker services run on every worker; ``singleton`` ones only on the elected
+        leader of the backend. A new background duty is one more entry here.
+        """
+        config = self.config
+        services: list[Service] = [
+            self.reporter,
+            Heartbeat(
+                self.backend,
+                worker_id=config.worker_id,
+                leases=self._lease_snapshot,
+                on_lost=self._on_leases_lost,
+                clock=self.clock,
+                visibility_timeout=config.visibility_timeout,
+                sync_clock=self.database_clock.sync if self.database_clock is not None else None,
+            ),
+        ]
+        if self.listening:
+            services.append(NotifyListener(self.database, config.queues, self.wakeup))
+        # Singletons: started on this worker only while it leads the backend.
+        services.append(
+            WorkerPruner(
+                self.database, clock=self.clock, visibility_timeout=config.visibility_timeout
+            )
+        )
+        if any(service.singleton for service in services):
+            self.election = LeaderElection(
+                self.database,
+                backend_name=self.backend.alias,
+                worker_id=config.worker_id,
+                lease_seconds=config.visibility_timeout,
+                on_change=self._on_leadership,
+            )
+            services.append(self.election)
+        return services
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this worker leads its backend now (runs the singleton services)."""
+        return self.election is not None and self.election.is_leader
+
+    def _on_leadership(self, leading: bool) -> None:
+        """Leadership thread: start or stop the singleton services."""
+        if leading:
+            self.services.lead()
+        else:
+            self.services.follow()
+        events.emit(
+            events.LEADER_ELECTED if leading else events.LEADER_LOST,
+            {},
+            {"worker_id": self.config.worker_id, "backend": self.backend.alias},
+        )
 
     def _reap_at_start(self) -> None:
         try:
@@ -321,6 +356,7 @@ class Worker:
             wanted = group.doer.capacity(share)
             if wanted <= 0:
                 continue
+            claim_began = time.perf_counter()
             try:
                 claimed = dialect.claim(
                     connection,
@@ -341,6 +377,14 @@ class Worker:
                 return total
             if not claimed:
                 continue
+            events.emit_claimed(
+                self.backend.alias,
+                self.config.worker_id,
+                group.queues,
+                len(claimed),
+                wanted,
+                time.perf_counter() - claim_began,
+            )
             with self._leased_lock:
                 for task in claimed:
                     self._leased[_lease(task)] = task
@@ -420,8 +464,10 @@ class Worker:
     def _on_leases_lost(self, lost: set[Lease]) -> None:
         with self._leased_lock:
             lost = (lost & self._leased.keys()) - self._settling
+            tasks = [self._leased[lease] for lease in lost]
         if not lost:
             return
+        events.emit_lease_lost(self.config.worker_id, tasks)
         logger.warning(
             "Lost the lease of %d task(s) (taken over after expiry): %s; their outcomes "
             "will not be written by this worker.",
@@ -453,21 +499,17 @@ class Worker:
                 "expire and another worker will retry them.",
                 abandoned,
             )
-        self.halt.set()
-        if not abandoned:
-            self.reporter.stop()
-            self.reporter.join(timeout=self.config.visibility_timeout)
+        # Every service closes its own connections when it stops: wait for that, so a
+        # caller (a test running the worker in-process) finds no session of ours left
+        # open. The reporter writes what it holds first (bounded by the visibility
+        # timeout); the others stop within about a second.
+        self.services.stop(timeout=self.config.visibility_timeout + 2.0)
         try:
             remove_worker(self.database, self.config.worker_id)
         except Exception as exc:
             logger.warning("Could not remove the worker row (%s).", exc)
         # Queued jobs are task_finished sends for outcomes already written: let them run.
         self._pool.shutdown(wait=not abandoned, cancel_pending=bool(abandoned))
-        # The listener and the heartbeat close their own connections when they stop: wait
-        # for that, so a caller (a test running the worker in-process) finds no session
-        # of ours left open. Each stops within about a second of ``halt``.
-        for thread in self._threads:
-            thread.join(timeout=self.config.visibility_timeout + 2.0)
         connections[self.database].close()
         return abandoned
 

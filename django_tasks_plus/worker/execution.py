@@ -1,4 +1,5 @@
-"""Running one claimed task: resolve, call, decide the outcome, write it (fenced), signal.
+"""Running one claimed task: resolve, call (through its middleware chain, if any), decide
+the outcome, write it (fenced), signal.
 
 Nothing a task does can crash the worker: every exception, including ``SystemExit`` and
 ``KeyboardInterrupt`` raised by task code, becomes the attempt's outcome, and formatting
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 
-from .. import compat
+from .. import compat, events
 from ..codec import DecodeError, EncodeError, decode_call, to_json
 from ..context import TaskContext
 from ..db.store import cancel_requested
@@ -44,6 +45,7 @@ from ..lifecycle import (
     Deferred,
     Event,
     Failed,
+    Held,
     Succeeded,
     Transition,
     deferred_until,
@@ -51,6 +53,7 @@ from ..lifecycle import (
     exception_path,
     format_traceback,
 )
+from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
 from ..stored import CorruptJson
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_tasks_plus.worker")
 
 Clock = Callable[[], datetime]
+_UNBUILT: Any = object()  # a task's middleware chain not built yet in this process
 
 
 def _call(
@@ -90,6 +94,12 @@ def _call(
             raise
         # Raised asynchronously by the timer, which cannot pass a message.
         raise TaskTimeout(f"attempt ran longer than {timeout} s") from None
+
+
+def _call_attempt(task: compat.Task, attempt: Attempt) -> Any:
+    """The innermost link of a middleware chain: the task itself, with the attempt's
+    (possibly replaced) arguments; the timeout covers this call only."""
+    return _call(task, attempt.result, list(attempt.args), dict(attempt.kwargs))
 
 
 def prepare_call(task: compat.Task, claimed: ClaimedTask) -> tuple[list[Any], dict[str, Any]]:
@@ -138,6 +148,8 @@ class TaskRunner:
         self.schedule = schedule
         # task_finished sends of the batch being written; touched by the reporter only.
         self._announcements: list[Callable[[], None]] = []
+        # Each task's middleware chain, built on its first attempt; None: no middleware.
+        self._chains: dict[str, Handler | None] = {}
         reporter.after_batch = self.after_batch
 
     def run(self, claimed: ClaimedTask) -> None:
@@ -204,21 +216,59 @@ class TaskRunner:
 
         started = self.clock()
         result = result_from_claim(task, claimed, started)
-        value, raised = self._call_task(task, result, args, kwargs)
+        events.emit_started(claimed, started)
+        value, raised = self._call_task(claimed, task, result, args, kwargs)
         # Before anything else touches this thread's connections (the cancel check below).
         leaked = clean_up_after_attempt()
         event, exception = self._classify(claimed, value, raised, leaked)
         return self._settle(claimed, task, result, event, started, began, exception)
 
     def _call_task(
-        self, task: compat.Task, result: compat.TaskResult, args: list[Any], kwargs: dict[str, Any]
+        self,
+        claimed: ClaimedTask,
+        task: compat.Task,
+        result: compat.TaskResult,
+        args: list[Any],
+        kwargs: dict[str, Any],
     ) -> tuple[Any, BaseException | None]:
-        """Send ``task_started`` and call the task: ``(value, None)`` or ``(None, raised)``."""
+        """Send ``task_started`` and call the task through its middleware chain, if it has
+        one: ``(value, None)`` or ``(None, raised)``; a middleware's ``Hold`` is a value."""
         try:
             compat.task_started.send(sender=type(self.backend), task_result=result)
-            return _call(task, result, args, kwargs), None
+            chain = self._chains.get(claimed.task_path, _UNBUILT)
+            if chain is _UNBUILT:
+                chain = self._build_chain(claimed.task_path, task)
+            if chain is None:
+                return _call(task, result, args, kwargs), None
+            attempt = Attempt(
+                id=claimed.id,
+                task=result.task,
+                task_path=claimed.task_path,
+                queue_name=claimed.queue_name,
+                priority=claimed.priority,
+                number=claimed.attempt,
+                args=tuple(args),
+                kwargs=kwargs,
+                result=result,
+                backend=claimed.backend_name,
+            )
+            return chain(attempt), None
         except BaseException as exc:  # task code may raise anything, even SystemExit
             return None, exc
+
+    def _build_chain(self, path: str, task: compat.Task) -> Handler | None:
+        """The backend's middleware, then the task's own, around the task; cached per
+        task. A factory that raises fails this attempt and is tried again on the next."""
+        own = getattr(task, "middleware", ())
+        middlewares = self.backend.settings.middleware
+        if own:
+            try:
+                middlewares += load_middleware(own, f"{path}: middleware")
+            except ValueError as exc:
+                raise InvalidTaskOptions(str(exc)) from exc
+        chain = build_chain(middlewares, partial(_call_attempt, task)) if middlewares else None
+        self._chains[path] = chain
+        return chain
 
     def _classify(
         self, claimed: ClaimedTask, value: Any, raised: BaseException | None, leaked: list[str]
@@ -226,7 +276,7 @@ class TaskRunner:
         """What the attempt amounts to, and the exception ``task_finished`` re-raises."""
         if leaked and (raised is None or isinstance(raised, TaskDeferred)):
             # Its writes inside the open transaction were rolled back: not a success.
-            error = TransactionLeaked(
+            error: Exception = TransactionLeaked(
                 f"{claimed.task_path} left a transaction open on database "
                 f"{', '.join(map(repr, leaked))}; it was rolled back, so the writes made "
                 "inside it are lost. Use transaction.atomic() as a 'with' block (or "
@@ -241,6 +291,8 @@ class TaskRunner:
                 ", ".join(leaked),
             )
         if raised is None:
+            if isinstance(value, Hold):
+                return self._held(claimed, value), None
             try:
                 return Succeeded(to_json(value, "return value")), None
             except EncodeError as exc:
@@ -261,6 +313,18 @@ class TaskRunner:
             )
             return Aborted(cancelled, format_traceback(raised), reason=str(cancelled)), raised
         return Failed(raised, format_traceback(raised)), raised
+
+    def _held(self, claimed: ClaimedTask, hold: Hold) -> Held:
+        """A middleware held the task back: READY again at ``until``, no attempt spent."""
+        until = deferred_until(self.clock(), hold.delay, hold.until)
+        logger.info(
+            "Task %s (%s) held until %s without spending an attempt: %s",
+            claimed.id,
+            claimed.task_path,
+            until.isoformat(),
+            hold.reason or "no reason given",
+        )
+        return Held(until, reason=hold.reason)
 
     def _settle_unrunnable(
         self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None, began: float
@@ -308,21 +372,24 @@ class TaskRunner:
             self.on_settle(claimed)
         seconds = time.monotonic() - began
         self.reporter.submit(
-            claimed, outcome, partial(self._after_write, claimed, outcome.status, seconds, announce)
+            claimed, outcome, partial(self._after_write, claimed, outcome, seconds, announce)
         )
 
     def _after_write(
         self,
         claimed: ClaimedTask,
-        status: str,
+        outcome: Transition,
         seconds: float,
         announce: Callable[[], None] | None,
         landed: bool,
     ) -> None:
         """Runs on the reporter thread: keep it short, and never raise."""
-        if landed and announce is not None:
-            self._announcements.append(announce)
-        elif not landed:
+        status = outcome.status
+        if landed:
+            if announce is not None:
+                self._announcements.append(announce)
+            events.emit_outcome(claimed, outcome, seconds, self.clock)
+        else:
             logger.warning(
                 "Task %s: lease lost (another worker owns it now) or the write was refused; "
                 "its outcome (%s) is discarded.",

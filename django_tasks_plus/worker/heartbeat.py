@@ -1,9 +1,9 @@
-"""The worker's background upkeep: renew leases, prove liveness, return expired leases."""
+"""The worker's background upkeep: renew leases, prove liveness, return expired leases;
+and, on the leader only, forget the rows of workers that died."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -13,6 +13,7 @@ from django.db import DatabaseError, connections
 from ..db import dialect_for
 from ..db.store import heartbeat_worker, prune_workers, renew_leases
 from .reaper import reap_expired
+from .services import LoopService
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
@@ -27,13 +28,18 @@ Lease = tuple[str, str]
 lost, so the id alone does not name one attempt."""
 
 
-class Heartbeat(threading.Thread):
+class Heartbeat(LoopService):
     """Every ``interval`` seconds: renew in-flight leases in one statement, touch the
     worker row, and reap leases that other (dead) workers let expire.
 
     Renewal comes first in each round, so after a stall (a locked table, a paused
     process) this worker's own live leases are extended before any reaping is done.
+    Reaping runs on every worker, not only the leader: it is safe concurrently (each
+    reap is fenced by the lease token) and a dead worker's tasks then come back within
+    one heartbeat of a surviving worker, even while leadership is changing hands.
     """
+
+    name = "tasks-heartbeat"
 
     def __init__(
         self,
@@ -44,12 +50,10 @@ class Heartbeat(threading.Thread):
         on_lost: Callable[[set[Lease]], None],
         clock: Callable[[], datetime],
         visibility_timeout: float,
-        stop: threading.Event,
         sync_clock: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(name="tasks-heartbeat", daemon=True)
+        super().__init__(backend.settings.database)
         self.backend = backend
-        self.database = backend.settings.database
         self.worker_id = worker_id
         self.leases = leases
         self.on_lost = on_lost
@@ -57,17 +61,9 @@ class Heartbeat(threading.Thread):
         self.sync_clock = sync_clock
         self.visibility_timeout = visibility_timeout
         self.interval = max(0.05, visibility_timeout / 3)
-        self.stop = stop
 
-    def run(self) -> None:
-        try:
-            while not self.stop.wait(self.interval):
-                try:
-                    self.beat()
-                except BaseException:  # this thread keeps every lease alive: never die
-                    logger.exception("Heartbeat failed unexpectedly; will retry")
-        finally:
-            connections[self.database].close()
+    def tick(self) -> None:
+        self.beat()
 
     def beat(self) -> None:
         """One round of upkeep; failures are logged and retried next round."""
@@ -80,15 +76,40 @@ class Heartbeat(threading.Thread):
                 self.on_lost(lost)
             if self.sync_clock is not None:
                 self.sync_clock()
-            now = self.clock()
-            heartbeat_worker(self.database, self.worker_id, now)
+            heartbeat_worker(self.database, self.worker_id, self.clock())
             reap_expired(self.backend, self.clock)
-            prune_workers(
-                self.database,
-                now - timedelta(seconds=self.visibility_timeout) * STALE_WORKER_FACTOR,
-            )
         except DatabaseError as exc:
             logger.warning("Heartbeat failed (%s); will retry", exc)
             connections[self.database].close()
         except Exception:
             logger.exception("Heartbeat failed unexpectedly; will retry")
+
+
+class WorkerPruner(LoopService):
+    """Leader only: delete the rows of workers whose heartbeat has been silent for
+    ``STALE_WORKER_FACTOR`` visibility timeouts (crashed or killed processes).
+
+    One worker doing this is enough, and deleting the same rows from every worker
+    would only contend for them."""
+
+    name = "tasks-worker-pruner"
+    singleton = True
+
+    def __init__(
+        self, database: str, *, clock: Callable[[], datetime], visibility_timeout: float
+    ) -> None:
+        super().__init__(database)
+        self.clock = clock
+        self.visibility_timeout = visibility_timeout
+        self.interval = max(0.05, visibility_timeout / 3)
+
+    def tick(self) -> None:
+        try:
+            connection = connections[self.database]
+            connection.ensure_connection()
+            dialect_for(connection).bound_worker_statements(connection, self.visibility_timeout)
+            silence = timedelta(seconds=self.visibility_timeout) * STALE_WORKER_FACTOR
+            prune_workers(self.database, self.clock() - silence)
+        except DatabaseError as exc:
+            logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
+            connections[self.database].close()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
-from .. import compat
+from .. import compat, events
 from ..db.store import apply_transition, expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
@@ -64,6 +64,7 @@ def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool
     outcome = outcome_for(backend, claimed, event, task=task, now=now)
     if not apply_transition(backend.settings.database, claimed, outcome, only_if_expired=True):
         return False
+    events.emit_reaped(claimed, outcome, now)
     logger.warning(
         "Task %s (%s): lease of worker %s expired; now %s",
         claimed.id,

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from django.db import InterfaceError, OperationalError, connections
 
+from .. import events
 from ..db import dialect_for
 from ..db.completions import apply_transitions
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
@@ -38,6 +39,11 @@ _TRANSIENT = (OperationalError, InterfaceError)
 
 
 class Reporter(threading.Thread):
+    """A worker service (per-worker; see ``services.py``): a thread with ``stop()``, which
+    lets it write what was submitted before and then end."""
+
+    singleton = False
+
     def __init__(
         self, database: str, *, persist_deadline: float, clock: Callable[[], datetime]
     ) -> None:
@@ -86,7 +92,7 @@ class Reporter(threading.Thread):
         dialect_for(connection).bound_worker_statements(connection, self.persist_deadline)
         return apply_transitions(self.database, completions)
 
-    def _flush(self, batch: list) -> None:  # type: ignore[type-arg]
+    def _flush(self, batch: list) -> None:
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
         while True:
@@ -121,7 +127,7 @@ class Reporter(threading.Thread):
                 written(ok)
             return
 
-    def _flush_one_by_one(self, batch: list) -> None:  # type: ignore[type-arg]
+    def _flush_one_by_one(self, batch: list) -> None:
         for claimed, outcome, written in batch:
             try:
                 [ok] = self._write([(claimed, outcome)])
@@ -150,4 +156,6 @@ class Reporter(threading.Thread):
             logger.exception("Task %s: could not record the failure either", claimed.id)
             connections[self.database].close()
             return False
+        if ok:  # the dead letter is what happened to the task: subscribers hear of it
+            events.emit_outcome(claimed, fallback, None, self.clock)
         return ok

@@ -59,8 +59,8 @@ def supervise(processes: int, run_child: Callable[[int], int], *, restart: bool)
 
     gc.collect()
     gc.freeze()
-    for index in range(processes):
-        spawn(index)
+    for slot in range(processes):
+        spawn(slot)
     restarts: dict[int, float] = {}
     while children:
         try:

@@ -6,9 +6,9 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from django.db import connections
-
 from ..db.base import NOTIFY_CHANNEL
+from ..db.dedicated import dedicated_connection
+from .services import ThreadService
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -37,45 +37,34 @@ class PollBackoff:
         return self.current
 
 
-class NotifyListener(threading.Thread):
+class NotifyListener(ThreadService):
     """Holds a LISTEN connection and sets ``wakeup`` when one of ``queues`` gets a task.
 
     It has its own psycopg connection (not Django's, which is thread-bound), reconnects
-    after failures, and stops within a second of ``stop`` being set.
+    after failures, and stops within a second of ``stop()``.
     """
 
-    def __init__(
-        self,
-        database: str,
-        queues: Iterable[str],
-        wakeup: threading.Event,
-        stop: threading.Event,
-    ) -> None:
-        super().__init__(name="tasks-notify-listener", daemon=True)
-        self.database = database
+    name = "tasks-notify-listener"
+
+    def __init__(self, database: str, queues: Iterable[str], wakeup: threading.Event) -> None:
+        super().__init__(database)
         self.queues = frozenset(queues)
         self.wakeup = wakeup
-        self.stop = stop
         self.connected = threading.Event()
 
-    def _connect(self):  # type: ignore[no-untyped-def]
-        import psycopg
-
-        params = connections[self.database].get_connection_params()
-        for key in ("cursor_factory", "context", "server_side_binding", "pool"):
-            params.pop(key, None)
-        conn = psycopg.connect(**params, autocommit=True)
+    def _connect(self):
+        conn = dedicated_connection(self.database)
         conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
         return conn
 
-    def run(self) -> None:
+    def serve(self) -> None:
         delay = 0.5
-        while not self.stop.is_set():
+        while not self.stopping.is_set():
             try:
                 conn = self._connect()
             except Exception as exc:
                 logger.warning("LISTEN connection failed (%s); retrying in %.1f s", exc, delay)
-                self.stop.wait(delay)
+                self.stopping.wait(delay)
                 delay = min(delay * 2, 10.0)
                 continue
             delay = 0.5
@@ -84,12 +73,12 @@ class NotifyListener(threading.Thread):
             self.wakeup.set()
             try:
                 with conn:
-                    while not self.stop.is_set():
+                    while not self.stopping.is_set():
                         for notify in conn.notifies(timeout=1.0):
                             if notify.payload in self.queues:
                                 self.wakeup.set()
             except Exception as exc:
-                if not self.stop.is_set():
+                if not self.stopping.is_set():
                     logger.warning("LISTEN connection lost (%s); reconnecting", exc)
             finally:
                 self.connected.clear()

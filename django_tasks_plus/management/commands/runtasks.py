@@ -8,33 +8,39 @@ import sys
 from argparse import ArgumentTypeError
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from ...backend import DatabaseBackend
-from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
-from ...conf import queue_name_problem
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend
+from ...conf import positive_int_problem, positive_seconds_problem
 from ...exceptions import TasksPlusError
-from ...worker.engine import (
-    MAX_ADAPTIVE_PREFETCH,
-    WORKER_ID_MAX_LENGTH,
-    Worker,
+from ...limits import WORKER_ID_MAX_LENGTH
+from ...worker.config import (
     WorkerConfig,
+    WorkerConfigError,
     default_worker_id,
+    worker_backend,
+    worker_id_problem,
 )
+from ...worker.engine import MAX_ADAPTIVE_PREFETCH, Worker
+from ...worker.services import ServiceStartError
 from ...worker.supervisor import supervise
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 
 
-def _positive_float(value: str) -> float:
+# argparse types: parse the text, then check the number with the settings' own validators.
+
+
+def _seconds(value: str) -> float:
     try:
         number = float(value)
     except ValueError:
         raise ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0 or number == float("inf"):
-        raise ArgumentTypeError(f"must be more than 0, got {value}")
+    problem = positive_seconds_problem(number)
+    if problem:
+        raise ArgumentTypeError(problem)
     return number
 
 
@@ -43,16 +49,24 @@ def _positive_int(value: str) -> int:
         number = int(value)
     except ValueError:
         raise ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise ArgumentTypeError(f"must be at least 1, got {number}")
+    problem = positive_int_problem(number)
+    if problem:
+        raise ArgumentTypeError(problem)
     return number
 
 
 def _worker_id(value: str) -> str:
-    """A worker id names the worker in results and logs: a blank one would name nobody."""
-    if not value.strip():
-        raise ArgumentTypeError(f"must not be empty or blank, got {value!r}")
+    problem = worker_id_problem(value)
+    if problem:
+        raise ArgumentTypeError(problem)
     return value
+
+
+def _flag(error: WorkerConfigError) -> str:
+    """A ``WorkerConfigError`` as runtasks words it: the keyword as its ``--flag``."""
+    if error.option is None:
+        return error.problem
+    return f"--{error.option.replace('_', '-')} {error.problem}"
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -121,17 +135,17 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--visibility-timeout",
-            type=_positive_float,
+            type=_seconds,
             help="Seconds a lease lasts without a heartbeat (default: OPTIONS, 60).",
         )
         parser.add_argument(
             "--shutdown-timeout",
-            type=_positive_float,
+            type=_seconds,
             help="Seconds to let running tasks finish after SIGTERM (default: OPTIONS, 30).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive_float,
+            type=_seconds,
             help="Longest wait between polls when idle (default: OPTIONS, 1.0).",
         )
 
@@ -151,50 +165,40 @@ class Command(BaseCommand):
         verbosity = int(options["verbosity"])
         _configure_logging(verbosity)
         backend = self._backend(options["backend"])
-        settings = backend.settings
-        queues = self._queues(backend, options["queues"])
+        processes = options["processes"]
         worker_id = options["worker_id"]
         if worker_id is None:
             worker_id = default_worker_id()
-        else:  # call_command() passes options without argparse's type check
-            try:
-                _worker_id(worker_id)
-            except ArgumentTypeError as exc:
-                raise CommandError(f"--worker-id {exc}") from None
-        processes = options["processes"]
+        # call_command() passes options without argparse's type check: check here too,
+        # leaving room for the "-N" suffix of each forked process.
         suffix_room = len(f"-{processes}") if processes > 1 else 0
-        if len(worker_id) + suffix_room > WORKER_ID_MAX_LENGTH:
-            raise CommandError(
-                f"--worker-id is {len(worker_id)} characters; at most "
-                f"{WORKER_ID_MAX_LENGTH - suffix_room} fit."
+        problem = worker_id_problem(worker_id, WORKER_ID_MAX_LENGTH - suffix_room)
+        if problem:
+            raise CommandError(f"--worker-id {problem}")
+        try:
+            config = WorkerConfig.from_settings(
+                backend.alias,
+                queues=options["queues"],
+                concurrency=options["concurrency"],
+                prefetch=options["prefetch"],
+                worker_id=worker_id,
+                visibility_timeout=options["visibility_timeout"],
+                shutdown_timeout=options["shutdown_timeout"],
+                poll_interval=options["poll_interval"],
+                burst=options["burst"],
+                max_tasks=options["max_tasks"],
+                log_each_task=verbosity >= 2,
             )
-        if options["prefetch"] is not None and options["prefetch"] < 0:
-            raise CommandError("--prefetch must be 0 or more.")
-        concurrency = options["concurrency"] or settings.concurrency
-        prefetch = options["prefetch"]
-        if prefetch is None:
-            prefetch = settings.prefetch
-        # Unset everywhere: adaptive, from the concurrency up while tasks are short.
-        adaptive = prefetch is None
-        config = WorkerConfig(
-            backend_alias=backend.alias,
-            queues=queues,
-            concurrency=concurrency,
-            prefetch=concurrency if prefetch is None else prefetch,
-            adaptive_prefetch=adaptive,
-            worker_id=worker_id,
-            visibility_timeout=options["visibility_timeout"] or settings.visibility_timeout,
-            shutdown_timeout=options["shutdown_timeout"] or settings.shutdown_timeout,
-            poll_interval=options["poll_interval"] or settings.poll_interval,
-            burst=options["burst"],
-            max_tasks=options["max_tasks"],
-            log_each_task=verbosity >= 2,
-        )
+        except WorkerConfigError as exc:
+            raise CommandError(_flag(exc)) from None
         if verbosity >= 1:
             self._banner(backend, config, processes)
         sys.stdout.flush()
         if processes == 1:
-            code = Worker(config).run()
+            try:
+                code = Worker(config).run()
+            except ServiceStartError as exc:
+                raise CommandError(str(exc)) from exc
         else:
 
             def run_child(index: int) -> int:
@@ -209,45 +213,10 @@ class Command(BaseCommand):
             os._exit(code)
 
     def _backend(self, alias: str) -> DatabaseBackend:
-        configured = getattr(settings, "TASKS", {}) or {}
-        if alias not in configured:
-            known = ", ".join(sorted(configured)) or "nothing"
-            raise CommandError(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
         try:
-            backend = task_backends[alias]
-        except (InvalidTaskBackend, TasksPlusError) as exc:
-            raise CommandError(f"Task backend {alias!r}: {exc}") from exc
-        if not isinstance(backend, DatabaseBackend):
-            raise CommandError(
-                f"Task backend {alias!r} is {type(backend).__module__}."
-                f"{type(backend).__qualname__}; runtasks needs "
-                "django_tasks_plus.backend.DatabaseBackend."
-            )
-        return backend
-
-    def _queues(self, backend: DatabaseBackend, requested: list[str] | None) -> tuple[str, ...]:
-        served = sorted(backend.settings.queues)
-        if not served:  # QUEUES: [] lets tasks name any queue; the worker must be told which
-            if not requested or "*" in requested:
-                raise CommandError(
-                    f"TASKS[{backend.alias!r}]['QUEUES'] is empty, so tasks may name any "
-                    "queue and there is no list of queues to serve: name them with "
-                    "--queue NAME (repeatable)."
-                )
-            for name in requested:
-                problem = queue_name_problem(name)
-                if problem:
-                    raise CommandError(f"--queue {name!r}: {problem}")
-            return tuple(dict.fromkeys(requested))
-        if not requested or "*" in requested:
-            return tuple(served)
-        unknown = sorted(set(requested) - set(served))
-        if unknown:
-            raise CommandError(
-                f"Unknown queue(s) {', '.join(map(repr, unknown))} for backend "
-                f"{backend.alias!r}; it serves: {', '.join(served)}."
-            )
-        return tuple(dict.fromkeys(requested))
+            return worker_backend(alias)
+        except WorkerConfigError as exc:
+            raise CommandError(_flag(exc)) from exc
 
     def _banner(self, backend: DatabaseBackend, config: WorkerConfig, processes: int) -> None:
         connection = connections[backend.settings.database]

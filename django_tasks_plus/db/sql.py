@@ -1,0 +1,131 @@
+"""The SQL every dialect shares, as named statements with a few dialect slots.
+
+Each statement is written out as SQL. Where databases differ, a ``{slot}`` names what
+differs and the dialect fills it once (``Dialect`` documents each fragment):
+
+- ``{now}``: the database's clock, read inside the statement (``Dialect.now_sql``);
+- ``{lease_expiry}``: "N seconds from now", read when the row is written;
+- ``{lock_rows}``: locks the rows a sub-select reads, where the database has row locks;
+- ``{skip_locked}``: skips rows another claim holds, where the database can;
+- ``{queue_in}``: the test that a queue is one of the served ones;
+- ``{json}``: a parameter of JSON text read as the column's JSON type.
+
+Names are written as the models name them, unquoted: the models set no ``db_table`` or
+``db_column`` (``tests/test_architecture.py`` holds them to that). Statuses are literals,
+not parameters, so the planner can match the partial indexes (``status = 'READY'``).
+"""
+
+from __future__ import annotations
+
+TASKS = "django_tasks_plus_taskrecord"
+DEDUP_KEYS = "django_tasks_plus_dedupkey"
+
+# Columns a claim (and the reaper's read) returns, in this order: ``claimed_from_row``
+# decodes them.
+CLAIM_COLUMNS = (
+    "id",
+    "task_path",
+    "queue_name",
+    "priority",
+    "args",
+    "kwargs",
+    "attempt",
+    "worker_ids",
+    "errors",
+    "enqueued_at",
+    "run_after",
+    "started_at",
+    "lease_token",
+    "backend_name",
+    "ordering_key",
+    "requested_run_after",
+)
+
+# A keyed candidate may run only when no earlier task of its key is still pending (READY,
+# RUNNING, or dead-lettered under ordering_failure='block') and none of its key is running.
+# "Earlier" includes a row a concurrent claim has locked, so two workers never pick two
+# tasks of one key; the unique index dtp_task_one_running_per_key backs this up.
+ORDERING_HEAD = """(
+        candidate.ordering_key IS NULL OR (
+            NOT EXISTS (
+                SELECT 1 FROM django_tasks_plus_taskrecord earlier
+                WHERE earlier.backend_name = candidate.backend_name
+                  AND earlier.ordering_key = candidate.ordering_key
+                  AND earlier.sequence < candidate.sequence
+                  AND (earlier.status IN ('READY', 'RUNNING')
+                       OR (earlier.status = 'FAILED' AND earlier.ordering_blocked))
+            )
+            AND NOT EXISTS (
+                SELECT 1 FROM django_tasks_plus_taskrecord running
+                WHERE running.backend_name = candidate.backend_name
+                  AND running.ordering_key = candidate.ordering_key
+                  AND running.status = 'RUNNING'
+            )
+        )
+    )"""
+
+# The ids a claim takes: due READY tasks of one backend and its queues, each at the head of
+# its ordering key, in claim order (priority, due time, id). That is the order of the
+# partial index dtp_task_ready_idx, which the planner walks, stopping after LIMIT rows.
+# Parameters: backend name, the queues (as {queue_in} takes them), the limit.
+CLAIM_CANDIDATES = """
+        SELECT candidate.id FROM django_tasks_plus_taskrecord candidate
+        WHERE candidate.status = 'READY'
+          AND candidate.backend_name = %s
+          AND candidate.queue_name {queue_in}
+          AND candidate.run_after <= {now}
+          AND {ordering_head}
+        ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
+        LIMIT %s{skip_locked}
+"""
+
+# Extend every lease still held, in one statement. The rows are locked by the sub-select
+# first ({lock_rows}), so {lease_expiry} is read after any wait for another session's row
+# lock: a renewal that waited still grants a whole lease. Returns the (id, token) pairs
+# renewed; the caller counts the others as lost (one statement, so a task that finishes
+# meanwhile is never mistaken for a lost lease by a second look).
+# Parameters: the expiry's, the ids ({ids} placeholders), the tokens ({tokens}).
+RENEW_LEASES = """
+    UPDATE django_tasks_plus_taskrecord SET lease_expires_at = {lease_expiry}
+    WHERE id IN (
+        SELECT id FROM django_tasks_plus_taskrecord
+        WHERE id IN ({ids}) AND lease_token IN ({tokens}) AND status = 'RUNNING'{lock_rows}
+    )
+    RETURNING id, lease_token
+"""
+
+# The reaper's work: running tasks of a backend whose lease ran out by the database's
+# clock, oldest expiry first (the partial index dtp_task_lease_idx). Read as plain columns
+# and decoded by ``claimed_from_row``, so a hostile JSON column reads as corrupt, never
+# raises. Parameters: backend name, limit.
+EXPIRED_TASKS = """
+    SELECT {claim_columns} FROM django_tasks_plus_taskrecord
+    WHERE backend_name = %s AND status = 'RUNNING' AND lease_expires_at < {now}
+    ORDER BY lease_expires_at
+    LIMIT %s
+"""
+
+# Take a dedup key unless a row holds it: the unique constraint settles races (a concurrent
+# taker waits for the holder's transaction, then sees its row). Returns the new row's id,
+# or no row when the key was held. Parameters: backend, key, task ids (JSON text),
+# expires_at, until_finished, created_at.
+INSERT_DEDUP_KEY = """
+    INSERT INTO django_tasks_plus_dedupkey
+        (backend_name, "key", task_ids, expires_at, until_finished, created_at)
+    VALUES (%s, %s, {json}, %s, %s, %s)
+    ON CONFLICT (backend_name, "key") DO NOTHING
+    RETURNING id
+"""
+
+
+def claim_candidates(*, queue_in: str, now: str, skip_locked: str = "") -> str:
+    """``CLAIM_CANDIDATES`` with a dialect's fragments (``skip_locked`` starts with a
+    newline and its indentation, or is empty)."""
+    return CLAIM_CANDIDATES.format(
+        queue_in=queue_in, now=now, skip_locked=skip_locked, ordering_head=ORDERING_HEAD
+    )
+
+
+def placeholders(count: int) -> str:
+    """``%s, %s, …``: one placeholder per value of an ``IN (…)`` list."""
+    return ", ".join(["%s"] * count)

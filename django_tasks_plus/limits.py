@@ -1,0 +1,20 @@
+"""Column sizes that the tables and the validators share (pure: no Django imports).
+
+The models declare their columns with these numbers and ``conf``, ``definition`` and
+``runtasks`` check input against the same ones, so a limit is changed in one place and a
+value that passes validation always fits its column.
+"""
+
+from __future__ import annotations
+
+TASK_PATH_MAX_LENGTH = 255
+"""A task's dotted module path (``TaskRecord.task_path``)."""
+
+KEY_MAX_LENGTH = 255
+"""An ordering key or a dedup key."""
+
+QUEUE_NAME_MAX_LENGTH = 100
+"""A queue name; backend aliases are stored in columns of the same size."""
+
+WORKER_ID_MAX_LENGTH = 64
+"""A worker's id (``WorkerRecord.worker_id``), including any ``--processes`` suffix."""
