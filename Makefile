@@ -6,16 +6,17 @@ SHELL := /bin/bash
 
 help:
 	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/ + a worker"
-	@echo "make test       run pytest for every Django/Python combination on SQLite and PostgreSQL"
+	@echo "make test       run tox.ini's test matrix (every Django/Python combination on SQLite and"
+	@echo "                PostgreSQL) one env after another, with a summary"
 	@echo "                (knobs: TEST_COMBOS=django61 TEST_DBS=sqlite PYTEST_ARGS='-x -k name')"
 	@echo "make bench      benchmark on PostgreSQL (BENCH_ARGS='--quick'); drops/recreates db 'bench'"
 	@echo "make chaos      chaos run: kill, pause and cut off workers while they drain; checks"
 	@echo "                nothing is lost (CHAOS_ARGS='--sqlite' or '--long'); restarts PostgreSQL"
-	@echo "make audit      pip-audit the dependency sets 'make test' installed"
-	@echo "make lint       ruff check + ruff format --check"
+	@echo "make audit      pip-audit the dependency sets 'make test' installed (.tox/)"
+	@echo "make lint       ruff check + ruff format --check + mypy on the package"
 	@echo "make format     ruff check --fix + ruff format"
 	@echo "make clean      remove caches, build artefacts, test logs and test databases"
-	@echo "make distclean  clean, and also the virtualenvs and the demo database"
+	@echo "make distclean  clean, and also the virtualenvs (.venv*, .tox) and the demo database"
 
 demo:
 	bash scripts/demo.sh
@@ -29,9 +30,9 @@ bench: .venv-bench/.installed
 chaos: .venv-bench/.installed
 	.venv-bench/bin/python bench/chaos.py $(CHAOS_ARGS)
 
-.venv-bench/.installed: pyproject.toml
+.venv-bench/.installed: pyproject.toml Makefile
 	test -x .venv-bench/bin/python || python3 -m venv .venv-bench
-	.venv-bench/bin/pip install -q -e ".[postgres]"
+	.venv-bench/bin/pip install -q -e ".[postgres]" psutil
 	touch $@
 
 audit:
@@ -44,10 +45,10 @@ format:
 	bash scripts/lint.sh --fix
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .test-logs \
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis .test-logs \
 		testproject/test_db.sqlite3* testproject/staticfiles
-	find . \( -path ./.git -o -path './.venv*' \) -prune -o \
+	find . \( -path ./.git -o -path ./.tox -o -path './.venv*' \) -prune -o \
 		-type d -name __pycache__ -exec rm -rf {} +
 
 distclean: clean
-	rm -rf .venv .venv-* testproject/db.sqlite3*
+	rm -rf .venv .venv-* .tox testproject/db.sqlite3*

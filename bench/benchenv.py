@@ -27,8 +27,6 @@ PG_DATABASE = "bench"
 PG_URL = f"postgres://root@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"{PG_SERVER}/{PG_DATABASE}"
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
 
 def django_env(database_url: str) -> dict[str, str]:
     """Environment for every Django process of the bench (driver and workers).
@@ -52,70 +50,29 @@ def runtasks_command(*options: str) -> list[str]:
     return [sys.executable, str(MANAGE), "runtasks", "-v", "0", *options]
 
 
-def median(values: Iterable[float]) -> float:
-    return statistics.median(list(values))
-
-
 def percentile(sorted_values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile: an observed value, never an interpolation."""
+    """Nearest-rank percentile: an observed value, never an interpolation.
+
+    (``statistics.quantiles`` interpolates between neighbours, so a p99 could be a latency
+    that no task had.)
+    """
     if not sorted_values:
         raise ValueError("no values")
     rank = max(1, math.ceil(fraction * len(sorted_values)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (all threads), from /proc; empty once it has exited."""
-    found: list[int] = []
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as handle:
-                found.extend(int(child) for child in handle.read().split())
-        except OSError:
-            continue
-    return found
+# -- process probes (psutil is imported here only: the peers' venvs import this module too,
+# for the helpers above and below, and do not have it)
 
 
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as handle:
-            return int(handle.read().split()[1]) * PAGE_SIZE
-    except (OSError, IndexError, ValueError):
-        return 0
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of all CPUs since boot; busy is all but idle and iowait."""
+    import psutil
 
-
-def _pss_bytes(pid: int) -> int:
-    """Proportional set size: shared pages split between the processes sharing them."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as handle:
-            for line in handle:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
-
-
-def machine_cpu() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
-    with open("/proc/stat") as handle:
-        fields = [int(value) for value in handle.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants that are alive right now."""
-    tree, pending = [], [root]
-    while pending:
-        pid = pending.pop()
-        tree.append(pid)
-        pending.extend(_children(pid))
-    return tree
+    times = psutil.cpu_times()
+    total = sum(times)
+    return total - times.idle - getattr(times, "iowait", 0.0), total
 
 
 class TreeRssSampler:
@@ -126,10 +83,12 @@ class TreeRssSampler:
     less often, splits shared pages and is the figure to read next to it.
     """
 
-    PSS_EVERY = 5  # smaps_rollup walks page tables: read it on every 5th sample only
+    PSS_EVERY = 5  # PSS walks the page tables: read it on every 5th sample only
 
     def __init__(self, root: int, interval: float = 0.05) -> None:
-        self.root = root
+        import psutil
+
+        self.root = psutil.Process(root)
         self.interval = interval
         self.peak_total = 0
         self.peak_pss = 0
@@ -147,13 +106,34 @@ class TreeRssSampler:
         self._stop.set()
         self._thread.join()
 
+    def _tree(self) -> list[Any]:
+        """The root and all its descendants alive right now (empty once the root exited)."""
+        import psutil
+
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
     def _loop(self) -> None:
+        import psutil
+
         while not self._stop.is_set():
-            tree = process_tree(self.root)
-            sizes = [size for size in map(_rss_bytes, tree) if size]
+            with_pss = self.samples % self.PSS_EVERY == 0
+            sizes, pss = [], 0
+            for process in self._tree():
+                try:
+                    if with_pss:
+                        memory = process.memory_full_info()
+                        pss += memory.pss
+                    else:
+                        memory = process.memory_info()
+                except psutil.Error:  # exited meanwhile, or not ours to read
+                    continue
+                sizes.append(memory.rss)
             if sizes:
-                if self.samples % self.PSS_EVERY == 0:
-                    self.peak_pss = max(self.peak_pss, sum(map(_pss_bytes, tree)))
+                if with_pss:
+                    self.peak_pss = max(self.peak_pss, pss)
                 self.samples += 1
                 self.peak_total = max(self.peak_total, sum(sizes))
                 self.peak_single = max(self.peak_single, max(sizes))
@@ -199,6 +179,6 @@ def latency_figures(delays_ms: Iterable[float], enqueue_seconds: list[float]) ->
         "p95_ms": percentile(delays, 0.95),
         "p99_ms": percentile(delays, 0.99),
         "max_ms": delays[-1],
-        "mean_enqueue_ms": sum(enqueue_seconds) / len(enqueue_seconds) * 1000,
+        "mean_enqueue_ms": statistics.fmean(enqueue_seconds) * 1000,
         "tasks": len(delays),
     }

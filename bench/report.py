@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
-
-from benchenv import median
 
 Summary = dict[str, Any]
 

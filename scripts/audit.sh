@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Audit the exact dependency sets the test runs installed (pip freeze of each test
-# virtualenv, so the versions CI tested are the versions audited) with pip-audit.
+# Audit the exact dependency sets the test runs installed (pip freeze of each
+# combination's tox environment, so the versions CI tested are the versions audited)
+# with pip-audit.
 #
 # Fails when a dependency has a known vulnerability that a newer release fixes. When the
 # vulnerability service cannot be reached (a machine without internet access), the audit
 # cannot be done: that is reported loudly and fails only with REQUIRE_AUDIT=1.
-# Run `make test` first; virtualenvs that do not exist are skipped.
+# Run `make test` first; combinations without a tox environment are skipped.
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -24,10 +25,15 @@ fi
 
 status=0
 audited=0
-for venv in .venv-django61 .venv-django52; do
-    [[ -x $venv/bin/python ]] || continue
-    lock="$OUT/${venv#.venv-}.lock.txt"
-    report="$OUT/${venv#.venv-}.audit.json"
+for combo in django61 django52; do
+    # A combination's sqlite and postgres environments install the same set (tox.ini).
+    venv=""
+    for env in .tox/*-"$combo"-sqlite .tox/*-"$combo"-postgres; do
+        [[ -x $env/bin/python ]] && { venv=$env; break; }
+    done
+    [[ -n $venv ]] || continue
+    lock="$OUT/$combo.lock.txt"
+    report="$OUT/$combo.audit.json"
     "$venv/bin/python" -m pip freeze --exclude-editable --disable-pip-version-check >"$lock"
     echo "== pip-audit: $(wc -l <"$lock") pinned packages of $venv ($lock)"
     rm -f "$report"

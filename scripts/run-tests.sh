@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Run the whole pytest suite for each supported Django/Python combination, on SQLite
-# and, when it is reachable, on PostgreSQL. Needs only Python and git: each
-# combination gets its own virtualenv, (re)installed when pyproject.toml changes.
+# Run the test matrix of tox.ini, one environment after another, and print a summary.
+# tox.ini owns the combinations (Python, Django, extras, databases, environment
+# variables); this script does only what tox cannot:
+#   - install tox (into .venv-tox; needs only Python and git),
+#   - find the interpreters, pyenv installs included, and put them on tox's PATH,
+#   - check that PostgreSQL is reachable (skip, or fail with REQUIRE_POSTGRES=1),
+#   - turn the knobs below into `tox -e ENV -- PYTEST_ARGS`, and summarise the runs.
 #
-#   combo     Python           venv             installs
-#   django61  3.12+ (3.12 first) .venv-django61  -e .[test]          django>=6.1,<6.2
-#   django52  3.11             .venv-django52   -e .[test,backport] django>=5.2,<5.3
+#   combo     tox environments                          Python
+#   django61  py312-django61-sqlite, -postgres          3.12
+#   django52  py311-django52-sqlite, -postgres          3.11
 #
 # Environment knobs:
 #   TEST_COMBOS      combinations to run, default "django61 django52"
 #   TEST_DBS         databases, default "sqlite postgres"
 #   PYTEST_ARGS      extra pytest arguments (shell-quoted), e.g. PYTEST_ARGS='-x -k "retry"'
-#   DATABASE_URL     a postgres:// URL for the PostgreSQL runs; otherwise
-#                    postgres://${PGUSER:-$(id -un)}@127.0.0.1:5432/${PGDATABASE:-test}
-#                    is used when 127.0.0.1:5432 accepts connections
+#   DATABASE_URL     a postgres:// URL naming the server for the PostgreSQL runs (its
+#                    database name is replaced by each environment's own, test_django61 or
+#                    test_django52); otherwise postgres://127.0.0.1:5432 is used when it
+#                    accepts connections (user: PGUSER or the login name)
 #   PYTHON_DJANGO61, PYTHON_DJANGO52
 #                    interpreter to use for that combination (skips the search)
 #   REQUIRE_POSTGRES=1  an unreachable PostgreSQL is an error rather than a skip
@@ -31,6 +36,7 @@ read -r -a DBS <<<"${TEST_DBS:-sqlite postgres}"
 # PYTEST_ARGS is the user's own shell-quoted text; eval keeps its quoting.
 eval "EXTRA_ARGS=(${PYTEST_ARGS:-})"
 LOG_DIR="$DTP_ROOT/.test-logs"
+TOX_VENV=.venv-tox
 
 trap 'echo; echo "Interrupted."; exit 130' INT TERM
 
@@ -64,38 +70,53 @@ for db in "${DBS[@]}"; do
 done
 
 # ---------------------------------------------------------------------------------
-# Combinations
+# tox
 # ---------------------------------------------------------------------------------
 
-# Set PYTHON to the interpreter for combination $1; fail if there is none.
-find_combo_python() {
-    local combo=$1 override_var
-    override_var="PYTHON_${combo^^}"
-    if [[ -n ${!override_var:-} ]]; then
-        PYTHON=$(dtp_find_python '^3\.[0-9]+$' "${!override_var}") && return 0
-        echo "$override_var=${!override_var} is not a usable Python (needs venv + ensurepip)"
-        return 1
-    fi
-    local -a candidates
-    case $combo in
-    django61)
-        # Django 6.1 supports Python 3.12-3.14; CI's reference is 3.12, so prefer it.
-        mapfile -t candidates < <(dtp_pyenv_pythons '3.12*'; dtp_pyenv_pythons '3.1[34]*')
-        PYTHON=$(dtp_find_python '^3\.1[234]$' \
-            python3.12 python3.13 python3.14 python3 "${candidates[@]}")
-        ;;
-    django52)
-        mapfile -t candidates < <(dtp_pyenv_pythons '3.11*')
-        PYTHON=$(dtp_find_python '^3\.11$' python3.11 python3 "${candidates[@]}")
-        ;;
+tox_python=$(dtp_find_python '^3\.([89]|[1-9][0-9])$' python3 python3.12 python3.11) || {
+    echo "No Python >= 3.8 with venv support found to install tox" >&2
+    exit 1
+}
+# The requirement is part of the stamp: change it here and .venv-tox is reinstalled.
+dtp_ensure_venv "$TOX_VENV" "$tox_python" "tox>=4" >/dev/null || exit 1
+TOX=("$TOX_VENV/bin/tox")
+
+# ---------------------------------------------------------------------------------
+# Combinations: tox environment prefix and interpreter
+# ---------------------------------------------------------------------------------
+
+tox_prefix() {
+    case $1 in
+    django61) echo py312-django61 ;;
+    django52) echo py311-django52 ;;
     esac
 }
 
-set_install_args() {
-    case $1 in
-    django61) INSTALL_ARGS=(-e ".[test]" "django>=6.1,<6.2") ;;
-    django52) INSTALL_ARGS=(-e ".[test,backport]" "django>=5.2,<5.3") ;;
+# Set PYTHON to the interpreter for combination $1; fail if there is none. The tox
+# environment name fixes the Python version (py312, py311).
+find_combo_python() {
+    local combo=$1 override_var want
+    local -a candidates
+    case $combo in
+    django61)
+        want='^3\.12$'
+        mapfile -t candidates < <(dtp_pyenv_pythons '3.12*')
+        candidates=(python3.12 python3 "${candidates[@]}")
+        ;;
+    django52)
+        want='^3\.11$'
+        mapfile -t candidates < <(dtp_pyenv_pythons '3.11*')
+        candidates=(python3.11 python3 "${candidates[@]}")
+        ;;
     esac
+    override_var="PYTHON_${combo^^}"
+    if [[ -n ${!override_var:-} ]]; then
+        PYTHON=$(dtp_find_python "$want" "${!override_var}") && return 0
+        echo "$override_var=${!override_var} is not a usable Python ${want//[^0-9.]/}" \
+            "(needs venv + ensurepip)"
+        return 1
+    fi
+    PYTHON=$(dtp_find_python "$want" "${candidates[@]}")
 }
 
 # ---------------------------------------------------------------------------------
@@ -103,37 +124,40 @@ set_install_args() {
 # ---------------------------------------------------------------------------------
 
 tcp_open() { # host port
-    local py
-    for py in python3 python; do
-        if command -v "$py" >/dev/null 2>&1 && "$py" -c '' 2>/dev/null; then
-            "$py" - "$1" "$2" <<'EOF'
+    "$tox_python" - "$1" "$2" <<'EOF_PY'
 import socket, sys
 try:
     socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
 except OSError:
     sys.exit(1)
-EOF
-            return
-        fi
-    done
-    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+EOF_PY
 }
 
 redact_url() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:***@#' <<<"$1"; }
 
-PG_URL=""
+# tox.ini builds each postgres environment's DATABASE_URL from PG_SERVER_URL (scheme,
+# credentials, host, port) + its own database name + PG_URL_QUERY.
+PG_OK=0
 want_postgres=0
 for db in "${DBS[@]}"; do [[ $db == postgres ]] && want_postgres=1; done
 if ((want_postgres)); then
-    if [[ ${DATABASE_URL:-} =~ ^(postgres|postgresql|pgsql|psql|postgis):// ]]; then
-        PG_URL=$DATABASE_URL
+    url_re='^((postgres|postgresql|pgsql|psql|postgis)://[^/?]*)(/[^?]*)?(\?.*)?$'
+    if [[ ${DATABASE_URL:-} =~ $url_re ]]; then
+        export PG_SERVER_URL=${BASH_REMATCH[1]}
+        export PG_URL_QUERY=${BASH_REMATCH[4]}
+        PG_OK=1
     elif tcp_open 127.0.0.1 5432; then
-        PG_URL="postgres://${PGUSER:-$(id -un)}@127.0.0.1:5432/${PGDATABASE:-test}"
+        export PG_SERVER_URL=postgres://127.0.0.1:5432
+        export PG_URL_QUERY=""
+        PG_OK=1
     else
-        echo "PostgreSQL not reachable: skipping the PostgreSQL run" \
+        echo "PostgreSQL not reachable: skipping the PostgreSQL runs" \
             "(no postgres DATABASE_URL and nothing listening on 127.0.0.1:5432)"
     fi
+    ((PG_OK)) && echo "PostgreSQL server: $(redact_url "$PG_SERVER_URL")$PG_URL_QUERY"
 fi
+# tox.ini never passes DATABASE_URL on; keep it out of tox's own environment too.
+unset DATABASE_URL
 
 # ---------------------------------------------------------------------------------
 # Running
@@ -153,38 +177,30 @@ summary_count() {
     if [[ $1 =~ ([0-9]+)\ $2 ]]; then echo "${BASH_REMATCH[1]}"; else echo 0; fi
 }
 
-run_pytest() { # combo db venv pyver djver
-    local combo=$1 db=$2 venv=$3 pyver=$4 djver=$5
-    local log="$LOG_DIR/$combo-$db.log" start rc summary status detail
-    local -a cmd=("$venv/bin/python" -m pytest)
+run_env() { # env
+    local env=$1
+    local log="$LOG_DIR/$env.log" start rc summary status detail pyver djver
+    local -a cmd=("${TOX[@]}" run -e "$env" --)
     [[ -t 1 ]] && cmd+=(--color=yes)
     cmd+=("${EXTRA_ARGS[@]}")
 
     echo
     hr
-    if [[ $db == postgres ]]; then
-        echo "== $combo / postgres ($(redact_url "$PG_URL")): Python $pyver, Django $djver"
-    else
-        echo "== $combo / sqlite: Python $pyver, Django $djver"
-    fi
+    echo "== $env"
     echo "== ${cmd[*]}"
     hr
     mkdir -p "$LOG_DIR"
     start=$SECONDS
-    (
-        if [[ $db == postgres ]]; then
-            export DATABASE_URL=$PG_URL
-        else
-            unset DATABASE_URL
-        fi
-        export PYTHONUNBUFFERED=1
-        exec "${cmd[@]}"
-    ) 2>&1 | tee "$log"
+    "${cmd[@]}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     RAN=$((RAN + 1))
 
+    pyver=$(".tox/$env/bin/python" -c 'import platform; print(platform.python_version())' \
+        2>/dev/null || echo "?")
+    djver=$(".tox/$env/bin/python" -c 'import django; print(django.get_version())' \
+        2>/dev/null || echo "?")
     summary=$(sed -E 's/\x1b\[[0-9;]*m//g' "$log" \
-        | grep -E '([0-9]+ (passed|failed|errors?|skipped)|no tests ran).* in [0-9.]+ ?s' \
+        | grep -E '([0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran).* in [0-9.]+ ?s' \
         | tail -n 1)
     local passed failed errors skipped
     passed=$(summary_count "$summary" passed)
@@ -201,67 +217,74 @@ run_pytest() { # combo db venv pyver djver
     5)
         if [[ ${ALLOW_NO_TESTS:-} == 1 ]]; then
             status=PASS
+            detail="no tests collected (pytest exit 5, ALLOW_NO_TESTS=1)"
         else
-            status="FAIL"
+            status=FAIL
             detail="no tests collected (pytest exit 5)"
             FAILED=$((FAILED + 1))
         fi
         ;;
     *)
         status=FAIL
-        detail="$detail (pytest exit $rc)"
+        if [[ -z $summary ]]; then
+            detail="exit $rc, no pytest summary (see ${log#"$DTP_ROOT"/})"
+        else
+            detail="$detail (exit $rc)"
+        fi
         FAILED=$((FAILED + 1))
         ;;
     esac
-    add_row "$combo" "$db" "$pyver" "$djver" "$status" "$((SECONDS - start))s" "$detail"
+    add_row "$env" "$pyver" "$djver" "$status" "$((SECONDS - start))s" "$detail"
 }
 
+# Find every interpreter first, so that tox sees all of them on PATH. PLAN keeps the
+# summary in matrix order: "ENV" to run, or "ENV|RESULT|DETAILS" for a run that cannot.
+declare -a PLAN=()
 for combo in "${COMBOS[@]}"; do
-    echo
-    hr '#'
-    echo "## $combo"
-    hr '#'
+    prefix=$(tox_prefix "$combo")
     PYTHON=""
     if ! find_combo_python "$combo" || [[ -z $PYTHON ]]; then
         if dtp_is_ci; then
             echo "ERROR: no suitable Python found for $combo (CI=true makes this an error)"
-            add_row "$combo" "-" "-" "-" "FAIL" "-" "no suitable Python found"
-            FAILED=$((FAILED + 1))
+            result=FAIL
         else
             echo "No suitable Python found for $combo: skipping it" \
                 "(set PYTHON_${combo^^}=/path/to/python to choose one)"
-            add_row "$combo" "-" "-" "-" "SKIP" "-" "no suitable Python found"
+            result=SKIP
         fi
+        for db in "${DBS[@]}"; do
+            PLAN+=("$prefix-$db|$result|no suitable Python found")
+        done
         continue
     fi
     echo "Python for $combo: $PYTHON"
-
-    set_install_args "$combo"
-    venv=".venv-$combo"
-    if ! dtp_ensure_venv "$venv" "$PYTHON" "${INSTALL_ARGS[@]}"; then
-        add_row "$combo" "-" "-" "-" "FAIL" "-" "pip install failed (see $venv/install.log)"
-        FAILED=$((FAILED + 1))
-        continue
-    fi
-    pyver=$("$venv/bin/python" -c 'import platform; print(platform.python_version())')
-    djver=$("$venv/bin/python" -c 'import django; print(django.get_version())' 2>/dev/null \
-        || echo "?")
-
+    # virtualenv (tox's interpreter discovery) searches PATH: put the found interpreter's
+    # folder first, so that pyenv installs are found without pyenv shims or `pyenv shell`.
+    bindir=$(dirname -- "$PYTHON")
+    [[ ${PATH%%:*} == "$bindir" ]] || PATH="$bindir:$PATH"
     for db in "${DBS[@]}"; do
-        if [[ $db == postgres && -z $PG_URL ]]; then
-            echo
-            echo "PostgreSQL not reachable: skipping the PostgreSQL run for $combo"
+        if [[ $db == postgres ]] && ((!PG_OK)); then
             if [[ ${REQUIRE_POSTGRES:-} == 1 ]]; then
-                add_row "$combo" postgres "$pyver" "$djver" FAIL "-" \
-                    "PostgreSQL not reachable (REQUIRE_POSTGRES=1)"
-                FAILED=$((FAILED + 1))
+                PLAN+=("$prefix-$db|FAIL|PostgreSQL not reachable (REQUIRE_POSTGRES=1)")
             else
-                add_row "$combo" postgres "$pyver" "$djver" SKIP "-" "PostgreSQL not reachable"
+                PLAN+=("$prefix-$db|SKIP|PostgreSQL not reachable")
             fi
             continue
         fi
-        run_pytest "$combo" "$db" "$venv" "$pyver" "$djver"
+        PLAN+=("$prefix-$db")
     done
+done
+export PATH
+
+# One after another, never in parallel: the tests start real worker processes.
+for entry in "${PLAN[@]}"; do
+    IFS='|' read -r env result detail <<<"$entry"
+    if [[ -z $result ]]; then
+        run_env "$env"
+        continue
+    fi
+    [[ $result == FAIL ]] && FAILED=$((FAILED + 1))
+    add_row "$env" "-" "-" "$result" "-" "$detail"
 done
 
 # ---------------------------------------------------------------------------------
@@ -272,9 +295,9 @@ echo
 hr
 echo "Summary (logs in ${LOG_DIR#"$DTP_ROOT"/}/)"
 hr '-'
-fmt='%-9s %-9s %-8s %-8s %-5s %6s  %s\n'
+fmt='%-24s %-8s %-8s %-5s %6s  %s\n'
 # shellcheck disable=SC2059
-printf "$fmt" combo database python django result time details
+printf "$fmt" "tox environment" python django result time details
 hr '-'
 for row in "${ROWS[@]}"; do
     IFS='|' read -r -a cols <<<"$row"
