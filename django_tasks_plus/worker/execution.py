@@ -160,13 +160,11 @@ class TaskRunner:
         """
         started = time.monotonic()
         try:
-            self._run(claimed, started)
+            self._run(claimed, started)  # cleans the connections up after the task's code
         except BaseException as exc:  # last line of defence: the worker thread must survive
             logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
             self._fail_unexpectedly(claimed, exc, started)
-        finally:
-            # Whatever path was taken, the next attempt on this thread starts clean.
-            clean_up_after_attempt()
+            clean_up_after_attempt()  # the next attempt on this thread starts clean
 
     def _fail_unexpectedly(self, claimed: ClaimedTask, exc: BaseException, began: float) -> None:
         """Record the attempt as failed, by the task's own policy and ordering option,
@@ -330,6 +328,7 @@ class TaskRunner:
         self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None, began: float
     ) -> None:
         """Dead-letter a row that cannot run; no signals, since the task never started."""
+        clean_up_after_attempt()  # resolving and validating may have run module code
         event = Aborted(exc, format_traceback(exc), reason=describe(exc))
         outcome = outcome_for(self.backend, claimed, event, task=task, now=self.clock())
         logger.error("Task %s dead-lettered: %s", claimed.id, describe(exc))

@@ -12,6 +12,8 @@ from .services import ThreadService
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
+# How often a waiting listener looks at its stop flag: waking is a local select() call.
+STOP_CHECK = 0.2
 MIN_POLL = 0.02
 GROWTH = 1.5  # gentle: a queue fed every few tens of ms should not drift to long waits
 
@@ -41,7 +43,8 @@ class NotifyListener(ThreadService):
     """Holds a LISTEN connection and sets ``wakeup`` when one of ``queues`` gets a task.
 
     It has its own psycopg connection (not Django's, which is thread-bound), reconnects
-    after failures, and stops within a second of ``stop()``.
+    after failures, and stops within ``STOP_CHECK`` seconds of ``stop()`` (a --burst
+    run, or a test running the worker in-process, waits for that at exit).
     """
 
     name = "tasks-notify-listener"
@@ -74,7 +77,7 @@ class NotifyListener(ThreadService):
             try:
                 with conn:
                     while not self.stopping.is_set():
-                        for notify in conn.notifies(timeout=1.0):
+                        for notify in conn.notifies(timeout=STOP_CHECK):
                             if notify.payload in self.queues:
                                 self.wakeup.set()
             except Exception as exc:
