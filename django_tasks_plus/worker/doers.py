@@ -7,24 +7,5 @@ specs with them, and settings must not import the worker); this module re-export
 
 from __future__ import annotations
 
-from ..doers import (
-    DOERS,
-    AgeDoer,
-    BalancedDoer,
-    Doer,
-    PriorityDoer,
-    Schedulable,
-    UnlimitedDoer,
-    make_doer,
-)
-
-__all__ = [
-    "DOERS",
-    "AgeDoer",
-    "BalancedDoer",
-    "Doer",
-    "PriorityDoer",
-    "Schedulable",
-    "UnlimitedDoer",
-    "make_doer",
-]
+from ..doers import *  # noqa: F403  (the re-export is the point of this module)
+from ..doers import __all__ as __all__
