@@ -738,7 +738,8 @@ def misbehaving_tasks(
     """The designed outcomes of ``surrogate`` and ``leak`` tasks; lists hold violations.
 
     * surrogate: dead-lettered, its last error ``ReturnValueNotSerializable``, and no
-      other error from its own body (it is not retried).
+      other error from its own body (it is not retried), unless a disruption it was
+      caught in made an earlier attempt's own query fail.
     * leak: attempt 1 failed with ``TransactionLeaked``, then the task succeeded; the row
       it wrote inside the transaction it left open was rolled back. A task caught in a
       disruption during attempt 1 may instead have lost that attempt to its lease, or
@@ -756,7 +757,18 @@ def misbehaving_tasks(
         classes = [_error_class(e).rsplit(".", 1)[-1] for e in errors]
         body = [c for c in classes if c != "LeaseExpired"]
         if p.kind == "surrogate":
-            ok = row["status"] == "FAILED" and body == [SURROGATE_ERROR]
+            # Dead-lettered on its first complete run; a run before that may only have
+            # been cut short by a disruption it was caught in (its own query failing in a
+            # database restart or cut).
+            earlier = body[:-1]
+            ok = (
+                row["status"] == "FAILED"
+                and body[-1:] == [SURROGATE_ERROR]
+                and (
+                    not earlier
+                    or (allowance[task_id] > 0 and all([c] in DISRUPTED_ATTEMPT for c in earlier))
+                )
+            )
         else:
             first = [c for e, c in zip(errors, classes, strict=True) if e.get("attempt") == 1]
             ok = row["status"] == "SUCCESSFUL" and (
