@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.module_loading import import_string
 
@@ -49,4 +50,20 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
     return dialect
 
 
-__all__ = ["DIALECTS", "SUPPORTED_VENDORS", "UnsupportedDatabase", "dialect_for"]
+def worker_connection(database: str, bound_seconds: float) -> BaseDatabaseWrapper:
+    """This thread's connection to ``database``, open, with the worker's own statements
+    bounded to ``bound_seconds`` (``Dialect.bound_worker_statements``): what the worker's
+    bookkeeping threads (claim, heartbeat, outcomes, pruning) use, never task code."""
+    connection = connections[database]
+    connection.ensure_connection()
+    dialect_for(connection).bound_worker_statements(connection, bound_seconds)
+    return connection
+
+
+__all__ = [
+    "DIALECTS",
+    "SUPPORTED_VENDORS",
+    "UnsupportedDatabase",
+    "dialect_for",
+    "worker_connection",
+]

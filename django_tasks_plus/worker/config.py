@@ -102,7 +102,7 @@ def served_queues(backend: DatabaseBackend, requested: Iterable[str] | None) -> 
     return tuple(dict.fromkeys(requested))
 
 
-def _checked(option: str, value: object, problem: str | None) -> None:
+def _checked(option: str, problem: str | None) -> None:
     if problem:
         raise WorkerConfigError(problem, option=option)
 
@@ -150,17 +150,17 @@ class WorkerConfig:
         settings = backend.settings
         if worker_id is None:
             worker_id = default_worker_id()
-        _checked("worker_id", worker_id, worker_id_problem(worker_id))
+        _checked("worker_id", worker_id_problem(worker_id))
         for option, value in (("concurrency", concurrency), ("max_tasks", max_tasks)):
             if value is not None:
-                _checked(option, value, positive_int_problem(value))
+                _checked(option, positive_int_problem(value))
         for option, seconds in (
             ("visibility_timeout", visibility_timeout),
             ("shutdown_timeout", shutdown_timeout),
             ("poll_interval", poll_interval),
         ):
             if seconds is not None:
-                _checked(option, seconds, positive_seconds_problem(seconds))
+                _checked(option, positive_seconds_problem(seconds))
         if prefetch is None:
             prefetch = settings.prefetch
         elif isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:

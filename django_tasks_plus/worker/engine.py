@@ -29,7 +29,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from .. import events
 from ..compat import task_backends
-from ..db import dialect_for
+from ..db import dialect_for, worker_connection
 from ..db.store import apply_transition, register_worker, remove_worker
 from ..lifecycle import ClaimedTask, Released
 from .config import WorkerConfig
@@ -337,15 +337,13 @@ class Worker:
             # Work is still queued in-process: wait until a worthwhile batch is free
             # rather than paying one claim round trip per finished task.
             return 0
-        connection = connections[self.database]
-        dialect = dialect_for(connection)
         total = 0
         try:
-            connection.ensure_connection()
-            dialect.bound_worker_statements(connection, self.config.visibility_timeout)
+            connection = worker_connection(self.database, self.config.visibility_timeout)
         except (OperationalError, InterfaceError) as exc:
             self._database_trouble(exc)
             return 0
+        dialect = dialect_for(connection)
         # Every doer gets a fair share of the free slots, starting with a different doer
         # each round, so one busy queue group cannot starve the others.
         offset = self._claim_cursor % len(self.groups)

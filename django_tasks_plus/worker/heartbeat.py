@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
 
-from ..db import dialect_for
+from ..db import worker_connection
 from ..db.store import heartbeat_worker, prune_workers, renew_leases
 from .reaper import reap_expired
 from .services import LoopService
@@ -68,9 +68,7 @@ class Heartbeat(LoopService):
     def beat(self) -> None:
         """One round of upkeep; failures are logged and retried next round."""
         try:
-            connection = connections[self.database]
-            connection.ensure_connection()
-            dialect_for(connection).bound_worker_statements(connection, self.visibility_timeout)
+            worker_connection(self.database, self.visibility_timeout)
             lost = renew_leases(self.database, self.leases(), self.visibility_timeout)
             if lost:
                 self.on_lost(lost)
@@ -105,9 +103,7 @@ class WorkerPruner(LoopService):
 
     def tick(self) -> None:
         try:
-            connection = connections[self.database]
-            connection.ensure_connection()
-            dialect_for(connection).bound_worker_statements(connection, self.visibility_timeout)
+            worker_connection(self.database, self.visibility_timeout)
             silence = timedelta(seconds=self.visibility_timeout) * STALE_WORKER_FACTOR
             prune_workers(self.database, self.clock() - silence)
         except DatabaseError as exc:

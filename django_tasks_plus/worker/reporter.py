@@ -20,7 +20,7 @@ from datetime import datetime
 from django.db import InterfaceError, OperationalError, connections
 
 from .. import events
-from ..db import dialect_for
+from ..db import worker_connection
 from ..db.completions import apply_transitions
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
 
@@ -87,9 +87,7 @@ class Reporter(threading.Thread):
             connections[self.database].close()
 
     def _write(self, completions: list[tuple[ClaimedTask, Transition]]) -> list[bool]:
-        connection = connections[self.database]
-        connection.ensure_connection()
-        dialect_for(connection).bound_worker_statements(connection, self.persist_deadline)
+        worker_connection(self.database, self.persist_deadline)
         return apply_transitions(self.database, completions)
 
     def _flush(self, batch: list) -> None:
