@@ -78,6 +78,8 @@ LONG_EVERY = 41
 DISRUPTED_ATTEMPT = (["LeaseExpired"], ["OperationalError"], ["InterfaceError"])
 # Seconds after a lock stall within which a claim that waited on the lock starts its body.
 STALL_CLAIM_GRACE = 1.0
+# Seconds around a database cut within which an attempt's failed query was caused by it.
+DB_CUT_GRACE = 2.0
 # Log lines that mean something in a worker went wrong, not that it survived chaos as
 # designed (reported; fatal with --strict-logs).
 ERROR_MARKERS = (" ERROR ", " CRITICAL ", "crashed", "failed unexpectedly")
@@ -314,6 +316,8 @@ class Chaos:
     stall_caught: set[str] = field(default_factory=set)
     # (lock taken, lock released), in the database's epoch seconds.
     stall_windows: list[tuple[float, float]] = field(default_factory=list)
+    # (cut began, database back), in epoch seconds (this host's clock, the database's host).
+    db_windows: list[tuple[float, float]] = field(default_factory=list)
     _serial: int = 0
 
     def elapsed(self) -> float:
@@ -385,6 +389,31 @@ class Chaos:
         }
         return self.excuse("stall", caught - self.stall_caught)
 
+    def excuse_failed_queries(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Allow a re-run for each attempt whose own query failed during a database cut.
+
+        An attempt claimed just before a restart can fail (``OperationalError``) and have
+        that failure written after the restart, by which time it is no longer RUNNING:
+        ``cut_database`` cannot see it in flight. Its recorded error time says it was.
+        """
+        excused: list[str] = []
+        for row in rows:
+            for error in row["errors"] or []:
+                if (
+                    not isinstance(error, dict)
+                    or [_error_class(error).rsplit(".", 1)[-1]] not in (DISRUPTED_ATTEMPT[1:])
+                ):
+                    continue
+                at = _epoch(error.get("at"))
+                if at is not None and any(
+                    began - DB_CUT_GRACE <= at <= back + DB_CUT_GRACE
+                    for began, back in self.db_windows
+                ):
+                    excused.append(row["id"])
+        fresh = {task_id for task_id in excused if self.allowance[task_id] == 0}
+        self.allowance.update(fresh)
+        return len(fresh)
+
     def held_by(self, worker_id: str) -> list[str]:
         holders = running_holders() or {}
         return [task_id for task_id, holder in holders.items() if holder == worker_id]
@@ -445,6 +474,7 @@ class Chaos:
 
     def cut_database(self) -> None:
         began = time.monotonic()
+        began_epoch = time.time()
         in_flight = set(running_holders() or {})
         if self.args.db_chaos == "restart":
             restart = pg_restart_command()
@@ -461,6 +491,7 @@ class Chaos:
                     [self.args.pg_database],
                 )
         self.restarts += 1
+        self.db_windows.append((began_epoch, time.time()))
         # Claims that committed just before the cut are in flight too.
         in_flight |= set(running_holders() or {})
         caught = self.excuse("db", in_flight)
@@ -597,6 +628,14 @@ def _error_class(error: Any) -> str:
     return str(error.get("exception_class_path", "")) if isinstance(error, dict) else ""
 
 
+def _epoch(iso: Any) -> float | None:
+    """An error record's ``at`` (ISO 8601) in epoch seconds; None when unreadable."""
+    try:
+        return datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return None
+
+
 # Failures raised by the task body after its ledger row was committed: such an attempt
 # must have its ledger row, or a write of the body was lost.
 BODY_ERRORS = ("PlannedFailure", "Doomed", "Abort", SURROGATE_ERROR, LEAK_ERROR)
@@ -701,6 +740,11 @@ def analyse(
         planned = plan.get(entry["task"])
         entry["kind"] = planned.kind if planned else None
 
+    worn_out = {
+        row["id"]
+        for row in rows
+        if row["id"] in dead - designed and _worn_out_by_chaos(row, plan, allowance)
+    }
     designed_causes = Counter()
     for row in rows:
         if row["id"] in designed and row["status"] == "FAILED" and row["errors"]:
@@ -713,7 +757,11 @@ def analyse(
         "succeeded": by_status.get("SUCCESSFUL", 0),
         "dead": len(dead),
         "designed": len(designed),
-        "dead_not_designed": sorted(dead - designed),
+        "dead_not_designed": sorted(dead - designed - worn_out),
+        "dead_not_designed_details": [
+            _death(row, plan) for row in rows if row["id"] in dead - designed - worn_out
+        ],
+        "worn_out_by_chaos": sorted(worn_out),
         "designed_not_dead": sorted(designed - dead),
         "designed_causes": dict(designed_causes),
         "stale_writes": stale,
@@ -726,6 +774,44 @@ def analyse(
         **misbehaving_tasks(plan, rows, leaked, allowance),
         "ledger_rows": sum(len(v) for v in runs.values()),
         "lease_expired": lease_expired,
+    }
+
+
+def _worn_out_by_chaos(
+    row: dict[str, Any], plan: dict[str, Planned], allowance: Counter[str]
+) -> bool:
+    """Whether a task died only because chaos spent its attempts: every failed attempt was
+    a disruption it was caught in (at most its allowance) or its own designed first
+    failure, and the retry policy then gave up, as it must."""
+    planned = plan.get(row["id"])
+    classes = [_error_class(e).rsplit(".", 1)[-1] for e in row["errors"] or []]
+    disrupted = sum([c] in DISRUPTED_ATTEMPT for c in classes)
+    designed_first = {"flaky": "PlannedFailure", "leak": LEAK_ERROR}.get(
+        planned.kind if planned else "", ""
+    )
+    others = [c for c in classes if [c] not in DISRUPTED_ATTEMPT and c != designed_first]
+    return (
+        bool(classes)
+        and not others
+        and disrupted <= allowance[row["id"]]
+        and str(row.get("dead_letter_reason") or "").startswith("gave up after")
+    )
+
+
+def _death(row: dict[str, Any], plan: dict[str, Planned]) -> dict[str, Any]:
+    """What the report shows of an unplanned death: enough to tell its cause."""
+    planned = plan.get(row["id"])
+    return {
+        "task": row["id"],
+        "kind": planned.kind if planned else None,
+        "attempt": row["attempt"],
+        "workers": row["worker_ids"],
+        "errors": [
+            (e.get("attempt"), _error_class(e).rsplit(".", 1)[-1], e.get("at"))
+            for e in row["errors"] or []
+            if isinstance(e, dict)
+        ],
+        "reason": str(row.get("dead_letter_reason") or "")[:300],
     }
 
 
@@ -930,6 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, ledger, leaked = fetch_state()
     chaos.excuse_blocked_claims(ledger)
+    chaos.excuse_failed_queries(rows)
     report = analyse(by_id, rows, ledger, leaked, chaos.allowance, chaos.stall_caught)
     logs = scan_logs(w.log_path for w in chaos.retired)
 
@@ -994,7 +1081,8 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = (
         f"chaos: tasks={len(by_id)} succeeded={report['succeeded']} dead={report['dead']} "
-        f"(designed {report['designed']}) kills={chaos.kills} pauses={chaos.pauses} "
+        f"(designed {report['designed']}, worn out by chaos {len(report['worn_out_by_chaos'])}) "
+        f"kills={chaos.kills} pauses={chaos.pauses} "
         f"restarts={chaos.restarts} stalls={chaos.stalls} skewed={skewed} "
         f"lost={len(report['lost'])} stale_writes={len(report['stale_writes'])} "
         f"lost_writes={len(report['lost_writes'])} reexecutions={report['reexecutions']} "
@@ -1044,6 +1132,11 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         for failure in failures:
             log(f"chaos: FAILED: {failure}")
+        for death in report["dead_not_designed_details"][:5]:
+            log(f"chaos: unplanned death: {death}")
+        for name in ("leaks_wrong", "surrogates_wrong", "unexcused_reruns", "stale_writes"):
+            for entry in report[name][:5]:
+                log(f"chaos: {name}: {entry}")
         log(f"chaos: worker logs kept in {log_dir}")
         return 1
     if args.keep_logs:
