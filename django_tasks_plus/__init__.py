@@ -3,11 +3,13 @@
 The public API, re-exported in one place. Nothing inside the package imports from here.
 """
 
+from .breaker import Breaker, DroppedTask
 from .compat import TaskResult, TaskResultStatus
 from .context import TaskContext
 from .definition import Task, task
 from .exceptions import (
     Abort,
+    BreakerHeldTooLong,
     Cancelled,
     CorruptTaskRecord,
     DatabaseUnavailable,
@@ -42,9 +44,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Abort",
+    "Breaker",
+    "BreakerHeldTooLong",
     "Cancelled",
     "CorruptTaskRecord",
     "DatabaseUnavailable",
+    "DroppedTask",
     "ExponentialBackoff",
     "Hold",
     "InvalidBackendOptions",

@@ -20,6 +20,7 @@ from django.apps import apps
 from django.utils import timezone
 
 from . import compat
+from .breaker import Breaker, check_key, scoped_key
 from .exceptions import (
     InvalidRetryPolicy,
     InvalidTaskArguments,
@@ -52,6 +53,8 @@ class Task(compat.Task):
       ``"block"`` (the key waits until the dead task is redriven or discarded).
     * ``middleware``: execution middleware factories (or dotted paths) run around each
       attempt, inside the backend's ``OPTIONS["MIDDLEWARE"]`` (``middleware.py``).
+    * ``breaker``: a ``Breaker`` (``breaker.py``): tasks whose remote host keeps failing
+      are held, not run, until a probe finds it back (``circuits.py``).
 
     Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
     ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
@@ -66,6 +69,7 @@ class Task(compat.Task):
     dedup_ttl: timedelta | None = None
     dedup_until: str = "ttl"
     middleware: tuple[Any, ...] = ()
+    breaker: Breaker | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.middleware, list):  # keep the definition hashable
@@ -184,6 +188,44 @@ def validate_task_options(task: Task) -> None:
             load_middleware(task.middleware, f"{task.module_path}: middleware")
         except ValueError as exc:
             raise InvalidTaskOptions(str(exc)) from exc
+    breaker = getattr(task, "breaker", None)
+    if breaker is not None and not isinstance(breaker, Breaker):
+        raise InvalidTaskOptions(
+            f"{task.module_path}: breaker must be a django_tasks_plus.Breaker, got {breaker!r}."
+        )
+
+
+# The breaker's middleware, named rather than imported: it belongs to a later layer.
+BREAKER_MIDDLEWARE = "django_tasks_plus.circuits.breaker_middleware"
+
+
+def task_middleware(task: compat.Task) -> tuple[Any, ...]:
+    """The task's own middleware entries, innermost last: its ``middleware=[...]``, then
+    its breaker's, which sits right around the call it judges (an outer middleware that
+    holds the task, a rate limiter, never takes the probe's turn)."""
+    own = tuple(getattr(task, "middleware", ()))
+    if getattr(task, "breaker", None) is not None:
+        own += (BREAKER_MIDDLEWARE,)
+    return own
+
+
+def breaker_key(task: compat.Task, args: Any, kwargs: Any) -> str | None:
+    """The stored breaker key of one call (``name/key``), or None: no breaker guards it.
+
+    Raises ``InvalidTaskArguments`` when the key function raises or returns something
+    that is not a key, so such a call is refused at enqueue, with nothing written.
+    """
+    breaker = getattr(task, "breaker", None)
+    if breaker is None:
+        return None
+    where = f"Cannot enqueue {task.module_path}: its breaker key function"
+    try:
+        key = check_key(breaker.key(*args, **kwargs), where)
+    except ValueError as exc:
+        raise InvalidTaskArguments(str(exc)) from exc
+    except Exception as exc:
+        raise InvalidTaskArguments(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    return None if key is None else scoped_key(breaker.name, key)
 
 
 def compiled_schema(task: compat.Task) -> PayloadSchema | None:
@@ -324,6 +366,7 @@ def task(
     schema: Any = None,
     ordering_failure: str | None = None,
     middleware: list[Any] | tuple[Any, ...] | None = None,
+    breaker: Breaker | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -341,6 +384,8 @@ def task(
         extra["ordering_failure"] = ordering_failure
     if middleware is not None:
         extra["middleware"] = middleware
+    if breaker is not None:
+        extra["breaker"] = breaker
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,

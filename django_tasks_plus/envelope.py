@@ -17,7 +17,7 @@ from . import compat
 from .codec import EncodeError, display_call, dumps, encode_call, unencodable_call_error
 from .conf import BackendSettings
 from .db.values import JsonText
-from .definition import check_arguments, compiled_schema
+from .definition import breaker_key, check_arguments, compiled_schema
 from .exceptions import InvalidTaskArguments, PayloadTooLarge
 from .schema import bind_payload
 
@@ -124,6 +124,7 @@ def build_envelopes(
         "ordering_blocked": False,
         "dedup_key": getattr(task, "dedup_key", None),
         "cancel_requested": False,
+        "breaker_key": None,
     }
     limit = settings.max_payload_bytes
     calls = list(calls)
@@ -167,6 +168,8 @@ def _envelope(
         )
     values = {"id": task_id, **shared, "args": JsonText(args_text)}
     values["kwargs"] = JsonText(kwargs_text)
+    if getattr(task, "breaker", None) is not None:
+        values["breaker_key"] = breaker_key(task, args, kwargs)
     shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs, args_text, kwargs_text)
     return Envelope(task_id, values, shown_args, shown_kwargs)
 

@@ -51,11 +51,16 @@ TASK_LEASE_LOST = "task.lease_lost"
 TASK_REAPED = "task.reaped"
 WORKER_STARTED = "worker.started"
 WORKER_STOPPED = "worker.stopped"
-# Reserved for the flow-control and leadership seams: subscribable now, emitted later.
-TASK_HELD = "task.held"
-TASK_RELEASED = "task.released"
+# Flow control (middleware holds, circuit breakers) and leadership.
+TASK_HELD = "task.held"  # a middleware held one claimed task back (no attempt spent)
+TASK_RELEASED = "task.released"  # held tasks made due now (a circuit closed), with count
 LEADER_ELECTED = "leader.elected"
 LEADER_LOST = "leader.lost"
+# Circuit breakers (circuits.py); metadata name the breaker and the key.
+BREAKER_STATE_CHANGED = "breaker.state_changed"  # metadata: old and new state, why
+BREAKER_PROBE_STARTED = "breaker.probe_started"  # the half-open circuit's one probe runs
+BREAKER_PARKED = "breaker.parked"  # a key's waiting tasks held in one statement, with count
+BREAKER_DROPPED = "breaker.dropped"  # a task held past the held TTL was dead-lettered
 
 EMITTED = frozenset(
     {
@@ -77,11 +82,16 @@ EMITTED = frozenset(
         WORKER_STARTED,
         WORKER_STOPPED,
         TASK_HELD,
+        TASK_RELEASED,
         LEADER_ELECTED,
         LEADER_LOST,
+        BREAKER_STATE_CHANGED,
+        BREAKER_PROBE_STARTED,
+        BREAKER_PARKED,
+        BREAKER_DROPPED,
     }
 )
-RESERVED = frozenset({TASK_RELEASED})
+RESERVED: frozenset[str] = frozenset()
 NAMES = EMITTED | RESERVED
 
 _CANCELLED_PATH = "django_tasks_plus.exceptions.Cancelled"

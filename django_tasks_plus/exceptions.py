@@ -173,8 +173,15 @@ class Abort(TasksPlusError):
     """Raise from a task to dead-letter it now, whatever its retry policy says."""
 
 
+class BreakerHeldTooLong(Abort):
+    """Recorded as the error of a task its circuit breaker held past ``held_ttl``: the
+    remote host did not recover in time, so the task is dead-lettered (redrive it once the
+    host is back)."""
+
+
 __all__ = [
     "Abort",
+    "BreakerHeldTooLong",
     "Cancelled",
     "CorruptTaskRecord",
     "DatabaseUnavailable",

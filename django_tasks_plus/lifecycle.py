@@ -41,6 +41,8 @@ class ClaimedTask:
     ordering_key: str | None = None
     claimed_at: datetime | None = None  # the claim's clock; started_at equals it on a first run
     requested_run_after: datetime | None = None  # the caller's run_after, as Django shows it
+    held_since: datetime | None = None  # when a middleware first held it back (a breaker)
+    breaker_key: str | None = None  # "name/key" of the circuit breaker guarding it
 
     @property
     def first_run(self) -> bool:
@@ -196,6 +198,11 @@ def transition(
     first run) so the timeline shows execution, not claiming.
     """
     outcome = _decide(task, event, policy=policy, now=now, block_ordering=block_ordering)
+    if isinstance(event, Held):
+        # Kept across holds: how long a task has waited is measured from the first one.
+        outcome.values["held_since"] = task.held_since or now
+    elif task.held_since is not None and not isinstance(event, Released):
+        outcome.values["held_since"] = None  # it ran: the next hold starts a new wait
     if started is not None and not isinstance(event, Released | Held):
         outcome.values["last_attempted_at"] = started
         if task.first_run:

@@ -11,7 +11,10 @@ TASK_PATH_MAX_LENGTH = 255
 """A task's dotted module path (``TaskRecord.task_path``)."""
 
 KEY_MAX_LENGTH = 255
-"""An ordering key or a dedup key."""
+"""An ordering key, a dedup key, or a breaker key (with its breaker's name)."""
+
+BREAKER_NAME_MAX_LENGTH = 50
+"""A circuit breaker's name (``Breaker(name=...)``)."""
 
 QUEUE_NAME_MAX_LENGTH = 100
 """A queue name; backend aliases are stored in columns of the same size."""

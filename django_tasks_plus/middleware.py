@@ -75,6 +75,8 @@ class Attempt:
     kwargs: Mapping[str, Any]
     result: compat.TaskResult  # RUNNING; what TaskContext.task_result shows the task
     backend: str
+    held_since: datetime | None = None  # when a Hold first kept it back; None: never held
+    breaker_key: str | None = None  # "name/key" of its circuit breaker (``circuits.py``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .compat import TaskResultStatus
 from .limits import (
+    BREAKER_NAME_MAX_LENGTH,
     KEY_MAX_LENGTH,
     QUEUE_NAME_MAX_LENGTH,
     TASK_PATH_MAX_LENGTH,
@@ -81,6 +82,19 @@ class TaskRecord(models.Model):
     )
     dedup_key = models.CharField(_("dedup key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+    breaker_key = models.CharField(
+        _("breaker key"),
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("The circuit breaker guarding this task: the breaker's name/the key."),
+    )
+    held_since = models.DateTimeField(
+        _("held since"),
+        null=True,
+        blank=True,
+        help_text=_("When a middleware (a circuit breaker) first held the task back."),
+    )
 
     class Meta:
         verbose_name = _("task")
@@ -110,6 +124,12 @@ class TaskRecord(models.Model):
                 fields=["ordering_key", "sequence"],
                 condition=Q(ordering_key__isnull=False),
                 name="dtp_task_ordering_idx",
+            ),
+            # A circuit breaker holds or releases the waiting tasks of one key at once.
+            models.Index(
+                fields=["backend_name", "breaker_key"],
+                condition=Q(status="READY", breaker_key__isnull=False),
+                name="dtp_task_breaker_idx",
             ),
         ]
         constraints = [
@@ -195,3 +215,41 @@ class Leadership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.backend_name}: {self.holder}"
+
+
+class BreakerRecord(models.Model):
+    """The circuit of one breaker key (a remote host), shared by every worker.
+
+    Changed only under a row lock (``db/breakers.py``); read and validated by
+    ``breaker.parse_circuit``, so a corrupt row is treated as closed, never trusted.
+    """
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    name = models.CharField(_("breaker"), max_length=BREAKER_NAME_MAX_LENGTH)
+    key = models.CharField(_("key"), max_length=KEY_MAX_LENGTH)
+    state = models.CharField(_("state"), max_length=10, default="closed")
+    failures = models.TextField(
+        _("failures"), default="[]", help_text=_("Times of the failures remembered (JSON).")
+    )
+    opened_at = models.DateTimeField(_("opened at"), null=True, blank=True)
+    probe_task_id = models.CharField(_("probe task"), max_length=36, null=True, blank=True)
+    probe_started_at = models.DateTimeField(_("probe started at"), null=True, blank=True)
+    parked_until = models.DateTimeField(
+        _("tasks held until"),
+        null=True,
+        blank=True,
+        help_text=_("The key's waiting tasks were held until this time in one statement."),
+    )
+    updated_at = models.DateTimeField(_("updated at"))
+
+    class Meta:
+        verbose_name = _("circuit breaker")
+        verbose_name_plural = _("circuit breakers")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["backend_name", "name", "key"], name="dtp_breaker_unique_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.key} [{self.state}]"

@@ -26,12 +26,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (PACKAGE, "admin", "apps", "management"),
     ),
     ("worker", ("worker",)),
-    ("backend and app API", ("backend", "operations", "context")),
+    ("backend and app API", ("backend", "operations", "context", "circuits")),
     ("enqueue and results", ("envelope", "results")),
     ("definitions, settings and seams", ("definition", "conf", "events", "middleware")),
     ("database boundary", ("db",)),
     ("tables", ("models",)),
-    ("pure", ("lifecycle", "retry", "schema", "doers", "codec", "stored", "limits")),
+    (
+        "pure",
+        ("lifecycle", "retry", "schema", "doers", "codec", "stored", "limits", "breaker"),
+    ),
     ("foundation", ("compat", "exceptions")),
 ]
 PURE = "pure"

@@ -553,6 +553,8 @@ def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed()
         "backend_name": "default",
         "ordering_key": None,
         "requested_run_after": None,
+        "held_since": None,
+        "breaker_key": None,
     }
     claimed = claimed_from_row([raw[name] for name in CLAIM_COLUMNS])
     assert claimed.worker_ids == ()

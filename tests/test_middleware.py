@@ -21,7 +21,16 @@ from django_tasks_plus import Hold, InvalidTaskOptions, exponential_backoff
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.exceptions import InvalidBackendOptions
-from django_tasks_plus.lifecycle import ClaimedTask, Held, transition
+from django_tasks_plus.lifecycle import (
+    Aborted,
+    ClaimedTask,
+    Deferred,
+    Failed,
+    Held,
+    Released,
+    Succeeded,
+    transition,
+)
 from django_tasks_plus.middleware import Attempt, build_chain, load_middleware, log_slow_attempts
 from django_tasks_plus.models import TaskRecord
 from tests import middlewares, tasks
@@ -192,6 +201,7 @@ def test_a_held_first_attempt_is_undone_entirely():
         "run_after": until,
         "started_at": None,
         "last_attempted_at": None,
+        "held_since": NOW,
     }
 
 
@@ -200,8 +210,47 @@ def test_a_held_retry_keeps_its_attempts_and_start():
     outcome = transition(
         _claimed(3), Held(until, reason="x"), policy=exponential_backoff(), now=NOW, started=NOW
     )
-    assert outcome.values == {"attempt": 2, "worker_ids": ["w1", "w2"], "run_after": until}
+    assert outcome.values == {
+        "attempt": 2,
+        "worker_ids": ["w1", "w2"],
+        "run_after": until,
+        "held_since": NOW,
+    }
     assert outcome.error is None
+
+
+def test_a_task_held_again_keeps_the_time_of_its_first_hold():
+    first = NOW - dt.timedelta(hours=3)
+    claimed = dataclasses.replace(_claimed(1), held_since=first)
+    outcome = transition(claimed, Held(NOW, reason="x"), policy=exponential_backoff(), now=NOW)
+    assert outcome.values["held_since"] == first
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        Succeeded(None),
+        Failed(RuntimeError("x")),
+        Aborted(RuntimeError("x")),
+        Deferred(NOW + dt.timedelta(seconds=5)),
+    ],
+    ids=["succeeded", "failed", "aborted", "deferred"],
+)
+def test_a_held_task_that_then_runs_forgets_its_hold(event):
+    claimed = dataclasses.replace(_claimed(1), held_since=NOW - dt.timedelta(hours=1))
+    outcome = transition(claimed, event, policy=exponential_backoff(), now=NOW, started=NOW)
+    assert outcome.values["held_since"] is None
+
+
+def test_a_task_never_held_writes_no_held_since():
+    outcome = transition(_claimed(1), Succeeded(None), policy=exponential_backoff(), now=NOW)
+    assert "held_since" not in outcome.values
+
+
+def test_a_held_task_released_at_shutdown_stays_held():
+    claimed = dataclasses.replace(_claimed(1), held_since=NOW - dt.timedelta(hours=1))
+    outcome = transition(claimed, Released(), policy=exponential_backoff(), now=NOW)
+    assert "held_since" not in outcome.values
 
 
 # -- log_slow_attempts -----------------------------------------------------------------------

@@ -123,6 +123,8 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         ordering_key=data["ordering_key"],
         claimed_at=claimed_at,
         requested_run_after=_as_datetime(data["requested_run_after"]),
+        held_since=_as_datetime(data["held_since"]),
+        breaker_key=data["breaker_key"],
     )
 
 

@@ -39,6 +39,8 @@ CLAIM_COLUMNS = (
     "backend_name",
     "ordering_key",
     "requested_run_after",
+    "held_since",
+    "breaker_key",
 )
 
 # A keyed candidate may run only when no earlier task of its key is still pending (READY,

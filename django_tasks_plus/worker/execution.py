@@ -27,7 +27,7 @@ from .. import compat, events
 from ..codec import DecodeError, EncodeError, decode_call, to_json
 from ..context import TaskContext
 from ..db.store import cancel_requested
-from ..definition import compiled_schema, resolve_task
+from ..definition import compiled_schema, resolve_task, task_middleware
 from ..exceptions import (
     Abort,
     Cancelled,
@@ -249,6 +249,8 @@ class TaskRunner:
                 kwargs=kwargs,
                 result=result,
                 backend=claimed.backend_name,
+                held_since=claimed.held_since,
+                breaker_key=claimed.breaker_key,
             )
             return chain(attempt), None
         except BaseException as exc:  # task code may raise anything, even SystemExit
@@ -257,7 +259,7 @@ class TaskRunner:
     def _build_chain(self, path: str, task: compat.Task) -> Handler | None:
         """The backend's middleware, then the task's own, around the task; cached per
         task. A factory that raises fails this attempt and is tried again on the next."""
-        own = getattr(task, "middleware", ())
+        own = task_middleware(task)
         middlewares = self.backend.settings.middleware
         if own:
             try:

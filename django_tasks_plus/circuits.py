@@ -1,0 +1,416 @@
+"""Circuit breakers at work: the middleware that guards each call, and the operator API.
+
+``@task(breaker=Breaker(...))`` puts ``breaker_middleware`` innermost in the task's
+middleware chain (``definition.task_middleware``); the engine knows nothing else about
+breakers. Around each attempt of a task whose call has a breaker key, the middleware
+
+1. reads the key's circuit (no lock: a closed circuit costs one indexed read);
+2. when it is not closed, locks the row and asks ``breaker.decide``: run (maybe as the
+   probe), hold (a ``middleware.Hold``: READY again later, no attempt spent; the key's
+   other waiting tasks are held in the same way, in one statement), or drop
+   (``BreakerHeldTooLong``, which dead-letters the task);
+3. after the call, records a counted failure, the probe's outcome, or a success that
+   clears remembered failures, under the row lock.
+
+State changes, probes, holds of many tasks, releases and drops are emitted as events and
+logged; ``on_state_change`` and ``on_drop`` run after the change is committed. A hook or
+a failure predicate that raises is logged and changes nothing. A stored circuit that
+cannot be read is treated as closed and logged, and overwritten by the next change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+
+from . import compat, events
+from .breaker import (
+    CLOSED,
+    Breaker,
+    Circuit,
+    CorruptCircuit,
+    Drop,
+    DroppedTask,
+    Hold,
+    Run,
+    State,
+    decide,
+    failures_text,
+    force,
+    parse_circuit,
+    record_failure,
+    record_neutral,
+    record_success,
+    scoped_key,
+    split_scoped_key,
+)
+from .db import breakers as store
+from .exceptions import BreakerHeldTooLong, InvalidBackendOptions
+from .middleware import Attempt, Handler
+from .middleware import Hold as HoldTask
+
+logger = logging.getLogger("django_tasks_plus.breakers")
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """Where one circuit lives."""
+
+    database: str
+    backend: str
+    name: str
+    key: str
+
+    @property
+    def scoped(self) -> str:
+        return scoped_key(self.name, self.key)
+
+
+def breaker_middleware(call_next: Handler) -> Handler:
+    """The middleware a task's ``breaker=`` adds (innermost); see the module docstring."""
+
+    def middleware(attempt: Attempt) -> Any:
+        breaker = getattr(attempt.task, "breaker", None)
+        if not isinstance(breaker, Breaker) or attempt.breaker_key is None:
+            return call_next(attempt)
+        _name, key = split_scoped_key(attempt.breaker_key)
+        where = _Key(_database(attempt.backend), attempt.backend, breaker.name, key)
+        return _guarded(breaker, where, attempt, call_next)
+
+    return middleware
+
+
+def _database(backend: str) -> str:
+    settings = getattr(compat.task_backends[backend], "settings", None)
+    database = getattr(settings, "database", None)
+    if not isinstance(database, str):
+        raise InvalidBackendOptions(
+            f"Task backend {backend!r} is not django_tasks_plus' DatabaseBackend; circuit "
+            "breakers keep their state in its database."
+        )
+    return database
+
+
+def _guarded(breaker: Breaker, where: _Key, attempt: Attempt, call_next: Handler) -> Any:
+    before = _read(where)
+    probe = False
+    if before.state is not State.CLOSED:
+        decision, before = _decide(breaker, where, attempt)
+        if isinstance(decision, Hold):
+            return HoldTask(
+                until=decision.until, reason=f"breaker {where.scoped}: {decision.reason}"
+            )
+        if isinstance(decision, Drop):
+            raise _dropped(breaker, where, attempt, decision)
+        probe = decision.probe
+    try:
+        value = call_next(attempt)
+    except BaseException as exc:
+        if breaker.counts(exc):
+            _record(breaker, where, attempt, "failure")
+        elif probe:
+            _record(breaker, where, attempt, "neutral")
+        raise
+    if isinstance(value, HoldTask):  # an inner middleware held it: the host was not tried
+        if probe:
+            _record(breaker, where, attempt, "neutral")
+    elif probe or before.failures:
+        _record(breaker, where, attempt, "success")
+    return value
+
+
+# -- reading and deciding ---------------------------------------------------------------------
+
+
+def _parse(where: _Key, columns: tuple[Any, ...] | None) -> Circuit:
+    if columns is None:
+        return CLOSED
+    try:
+        return parse_circuit(*columns)
+    except CorruptCircuit as exc:
+        logger.warning(
+            "Circuit breaker %s: the stored state is corrupt (%s); treated as closed.",
+            where.scoped,
+            exc,
+        )
+        return CLOSED
+
+
+def _read(where: _Key) -> Circuit:
+    return _parse(where, store.stored_circuit(where.database, where.backend, where.name, where.key))
+
+
+def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Hold | Drop, Circuit]:
+    """Decide under the row lock; then announce a change and hold the key's other tasks."""
+    with transaction.atomic(using=where.database):
+        now = store.database_now(where.database)
+        columns = store.locked_circuit(where.database, where.backend, where.name, where.key, now)
+        current = _parse(where, columns)
+        decision, after = decide(
+            breaker, current, now=now, task_id=attempt.id, held_since=attempt.held_since
+        )
+        park = None
+        target = decision.park_until if isinstance(decision, Hold) else None
+        if target is not None and (after.parked_until is None or after.parked_until < target):
+            park = target
+            after = replace(after, parked_until=park)
+        if after != current:
+            _save(where, after, now)
+    _announce(breaker, where, current, after, attempt.id)
+    if isinstance(decision, Run) and decision.probe and current.probe_task_id != attempt.id:
+        logger.info("Circuit breaker %s: task %s probes the remote host.", where.scoped, attempt.id)
+        events.emit(
+            events.BREAKER_PROBE_STARTED,
+            {},
+            {**_labels(where), "task_id": attempt.id, "task_path": attempt.task_path},
+        )
+    if park is not None:
+        parked = store.park_tasks(where.database, where.backend, where.scoped, park, now)
+        if parked:
+            logger.info(
+                "Circuit breaker %s: %d waiting task(s) held until %s.",
+                where.scoped,
+                parked,
+                park.isoformat(),
+            )
+        events.emit(events.BREAKER_PARKED, {"count": parked}, {**_labels(where), "until": park})
+    return decision, after
+
+
+def _dropped(breaker: Breaker, where: _Key, attempt: Attempt, drop: Drop) -> BreakerHeldTooLong:
+    """The task was held past the held TTL: tell ``on_drop``; the error dead-letters it."""
+    details = DroppedTask(
+        task_id=attempt.id,
+        task_path=attempt.task_path,
+        args=tuple(attempt.args),
+        kwargs=dict(attempt.kwargs),
+        held_since=drop.held_since,
+    )
+    logger.warning(
+        "Circuit breaker %s: task %s (%s) held since %s, past the held TTL of %s; dropped.",
+        where.scoped,
+        attempt.id,
+        attempt.task_path,
+        drop.held_since.isoformat(),
+        breaker.ttl,
+    )
+    events.emit(
+        events.BREAKER_DROPPED,
+        {},
+        {
+            **_labels(where),
+            "task_id": attempt.id,
+            "task_path": attempt.task_path,
+            "held_since": drop.held_since,
+        },
+    )
+    _call_hook("on_drop", breaker.on_drop, where.key, details)
+    return BreakerHeldTooLong(
+        f"breaker held too long: circuit {where.scoped} did not close within the held TTL "
+        f"of {breaker.ttl} (held since {drop.held_since.isoformat()})"
+    )
+
+
+# -- recording outcomes -----------------------------------------------------------------------
+
+
+def _record(breaker: Breaker, where: _Key, attempt: Attempt, outcome: str) -> None:
+    """Record the attempt's outcome; never raises (the task's own outcome matters more)."""
+    if connections[where.database].in_atomic_block:
+        # The task left a transaction open: the worker rolls it back and fails the attempt
+        # (TransactionLeaked); a write here would be rolled back with it.
+        logger.warning(
+            "Circuit breaker %s: task %s left a transaction open; its outcome is not recorded.",
+            where.scoped,
+            attempt.id,
+        )
+        return
+    try:
+        with transaction.atomic(using=where.database):
+            now = store.database_now(where.database)
+            columns = store.locked_circuit(
+                where.database, where.backend, where.name, where.key, now
+            )
+            current = _parse(where, columns)
+            problem = None
+            if outcome == "failure":
+                after, problem = record_failure(breaker, current, now=now, task_id=attempt.id)
+            elif outcome == "success":
+                after = record_success(current, task_id=attempt.id)
+            else:
+                after = record_neutral(current, task_id=attempt.id)
+            if after != current:
+                _save(where, after, now)
+    except DatabaseError as exc:
+        logger.warning(
+            "Circuit breaker %s: could not record the %s of task %s (%s).",
+            where.scoped,
+            outcome,
+            attempt.id,
+            exc,
+        )
+        return
+    if problem is not None:
+        logger.error(
+            "Circuit breaker %s: the failure predicate raised %s: %s; the circuit stays %s.",
+            where.scoped,
+            type(problem).__name__,
+            problem,
+            after.state,
+        )
+    _announce(breaker, where, current, after, attempt.id)
+    if after.state is State.CLOSED and current.state is not State.CLOSED:
+        _release(where, now)
+
+
+def _release(where: _Key, now: datetime) -> int:
+    """The circuit closed: the tasks it held are due now."""
+    try:
+        released = store.release_tasks(where.database, where.backend, where.scoped, now)
+    except DatabaseError as exc:
+        logger.warning(
+            "Circuit breaker %s closed, but its held tasks could not be released now (%s); "
+            "each runs when its hold ends.",
+            where.scoped,
+            exc,
+        )
+        return 0
+    if released:
+        logger.info("Circuit breaker %s: %d held task(s) released.", where.scoped, released)
+    events.emit(events.TASK_RELEASED, {"count": released}, _labels(where))
+    return released
+
+
+# -- shared -----------------------------------------------------------------------------------
+
+
+def _save(where: _Key, circuit: Circuit, now: datetime) -> None:
+    store.save_circuit(
+        where.database, where.backend, where.name, where.key, circuit_columns(circuit), now
+    )
+
+
+def circuit_columns(circuit: Circuit) -> dict[str, Any]:
+    """The row's columns for ``circuit``."""
+    return {
+        "state": circuit.state.value,
+        "failures": failures_text(circuit.failures),
+        "opened_at": circuit.opened_at,
+        "probe_task_id": circuit.probe_task_id,
+        "probe_started_at": circuit.probe_started_at,
+        "parked_until": circuit.parked_until,
+    }
+
+
+def _labels(where: _Key) -> dict[str, Any]:
+    return {"backend": where.backend, "breaker": where.name, "key": where.key}
+
+
+def _announce(
+    breaker: Breaker | None, where: _Key, before: Circuit, after: Circuit, cause: str
+) -> None:
+    """Log, emit and tell ``on_state_change`` about a change of state (after commit)."""
+    if before.state is after.state:
+        return
+    logger.warning(
+        "Circuit breaker %s: %s -> %s (%s).", where.scoped, before.state, after.state, cause
+    )
+    events.emit(
+        events.BREAKER_STATE_CHANGED,
+        {"failures": len(after.failures)},
+        {**_labels(where), "old": before.state.value, "new": after.state.value, "cause": cause},
+    )
+    if breaker is not None:
+        _call_hook("on_state_change", breaker.on_state_change, where.key, before.state, after.state)
+
+
+def _call_hook(name: str, hook: Callable[..., object] | None, *args: Any) -> None:
+    if hook is None:
+        return
+    try:
+        hook(*args)
+    except Exception:
+        logger.exception("Circuit breaker %s hook %r raised; ignored.", name, hook)
+
+
+# -- the operator's API -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStatus:
+    """One stored circuit as an operator sees it."""
+
+    name: str
+    key: str
+    state: str  # "closed", "open", "half-open", or "corrupt" (worked as closed)
+    failures: int
+    last_failure_at: datetime | None
+    opened_at: datetime | None
+    probe_task_id: str | None
+    probe_started_at: datetime | None
+    held: int  # waiting tasks held for this key
+    updated_at: datetime
+    problem: str = ""  # why a corrupt row cannot be read
+
+
+def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[BreakerStatus]:
+    """Every circuit the backend's breakers have stored (a key that never failed has none)."""
+    database = _database(backend)
+    held = store.held_counts(database, backend)
+    statuses = []
+    for row in store.breaker_rows(database, backend):
+        problem = ""
+        try:
+            circuit = parse_circuit(*(getattr(row, column) for column in store.CIRCUIT_COLUMNS))
+        except CorruptCircuit as exc:
+            circuit, problem = CLOSED, str(exc)
+        statuses.append(
+            BreakerStatus(
+                name=row.name,
+                key=row.key,
+                state="corrupt" if problem else circuit.state.value,
+                failures=len(circuit.failures),
+                last_failure_at=circuit.failures[-1] if circuit.failures else None,
+                opened_at=circuit.opened_at,
+                probe_task_id=circuit.probe_task_id,
+                probe_started_at=circuit.probe_started_at,
+                held=held.get(scoped_key(row.name, row.key), 0),
+                updated_at=row.updated_at,
+                problem=problem,
+            )
+        )
+    return statuses
+
+
+def force_close(
+    key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
+) -> int:
+    """Close a circuit now (its failures forgotten) and release the tasks it held; returns
+    how many were released. Hooks do not run: they belong to the workers' breakers."""
+    return _force(State.CLOSED, key, name, backend)
+
+
+def force_open(
+    key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
+) -> None:
+    """Open a circuit now: its tasks are held from their next claim on, and a probe runs
+    once the breaker's recovery delay has passed, as after failures."""
+    _force(State.OPEN, key, name, backend)
+
+
+def _force(state: State, key: str, name: str, backend: str) -> int:
+    where = _Key(_database(backend), backend, name, key)
+    with transaction.atomic(using=where.database):
+        now = store.database_now(where.database)
+        current = _parse(where, store.locked_circuit(where.database, backend, name, key, now))
+        after = force(state, now=now)
+        _save(where, after, now)
+    _announce(None, where, current, after, "operator")
+    if state is State.CLOSED:
+        return _release(where, now)
+    return 0

@@ -1,0 +1,146 @@
+"""Circuit breaker rows, and the task rows a circuit holds or releases in one statement.
+
+A circuit changes only under its row lock: ``locked_circuit`` inserts the row if missing
+(``INSERT … ON CONFLICT DO NOTHING``) and then reads it ``FOR UPDATE``. On SQLite, where
+there are no row locks, the insert takes the database's write lock first, which
+serialises the same way. Every query here is vendor-neutral ORM; the one time value the
+caller needs from the database is its clock (``database_now``), so that breakers on
+hosts with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, F, Value
+from django.db.models.functions import Coalesce
+
+from ..compat import TaskResultStatus
+from ..models import BreakerRecord, TaskRecord
+from . import dialect_for
+
+# The columns a circuit is stored in, in the order ``breaker.parse_circuit`` takes them.
+CIRCUIT_COLUMNS = (
+    "state",
+    "failures",
+    "opened_at",
+    "probe_task_id",
+    "probe_started_at",
+    "parked_until",
+)
+
+
+def database_now(database: str) -> datetime:
+    """The database's clock (not this host's)."""
+    connection = connections[database]
+    return dialect_for(connection).current_time(connection)
+
+
+def _rows(database: str, backend_name: str, name: str, key: str) -> Any:
+    return BreakerRecord.objects.using(database).filter(
+        backend_name=backend_name, name=name, key=key
+    )
+
+
+def stored_circuit(database: str, backend_name: str, name: str, key: str) -> tuple[Any, ...] | None:
+    """The circuit's columns without a lock (the fast path: most circuits are closed),
+    or None when the key never failed."""
+    return _rows(database, backend_name, name, key).values_list(*CIRCUIT_COLUMNS).first()
+
+
+def locked_circuit(
+    database: str, backend_name: str, name: str, key: str, now: datetime
+) -> tuple[Any, ...]:
+    """The circuit's columns, its row locked until the caller's transaction ends.
+
+    Must run inside ``transaction.atomic(using=database)``. Creates a closed row first
+    when there is none, so two workers deciding about a new key queue on one row.
+    """
+    BreakerRecord.objects.using(database).bulk_create(
+        [BreakerRecord(backend_name=backend_name, name=name, key=key, updated_at=now)],
+        ignore_conflicts=True,
+    )
+    row = (
+        _rows(database, backend_name, name, key)
+        .select_for_update()
+        .values_list(*CIRCUIT_COLUMNS)
+        .first()
+    )
+    if row is None:  # an operator deleted it between the two statements
+        return ("closed", "[]", None, None, None, None)
+    return tuple(row)
+
+
+def save_circuit(
+    database: str,
+    backend_name: str,
+    name: str,
+    key: str,
+    columns: Mapping[str, Any],
+    now: datetime,
+) -> bool:
+    """Write the circuit's columns; False when its row is gone."""
+    updated = _rows(database, backend_name, name, key).update(**columns, updated_at=now)
+    return updated == 1
+
+
+def park_tasks(
+    database: str, backend_name: str, breaker_key: str, until: datetime, now: datetime
+) -> int:
+    """Hold every waiting task of the key until ``until`` in one statement; how many.
+
+    A task already due later keeps its time; ``held_since`` keeps the first hold's time.
+    """
+    return (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend_name,
+            breaker_key=breaker_key,
+            status=TaskResultStatus.READY,
+            run_after__lt=until,
+        )
+        .update(run_after=until, held_since=Coalesce(F("held_since"), Value(now)))
+    )
+
+
+def release_tasks(database: str, backend_name: str, breaker_key: str, now: datetime) -> int:
+    """Make the key's held tasks due now (its circuit closed); how many."""
+    return (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend_name,
+            breaker_key=breaker_key,
+            status=TaskResultStatus.READY,
+            held_since__isnull=False,
+            run_after__gt=now,
+        )
+        .update(run_after=now)
+    )
+
+
+def breaker_rows(database: str, backend_name: str) -> list[BreakerRecord]:
+    """Every stored circuit of the backend, by breaker name and key."""
+    return list(
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name)
+        .order_by("name", "key")
+    )
+
+
+def held_counts(database: str, backend_name: str) -> dict[str, int]:
+    """Waiting tasks held by a breaker, per stored breaker key (``name/key``)."""
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend_name,
+            status=TaskResultStatus.READY,
+            breaker_key__isnull=False,
+            held_since__isnull=False,
+        )
+        .values("breaker_key")
+        .annotate(count=Count("id"))
+    )
+    return {str(row["breaker_key"]): int(row["count"]) for row in rows}
