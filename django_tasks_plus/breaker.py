@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from .exceptions import Abort, InvalidTaskOptions, TaskDeferred
+from .exceptions import Abort, Cancelled, InvalidTaskOptions, TaskDeferred
 from .limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
 
 DEFAULT_FAILURE_THRESHOLD = 5
@@ -44,9 +44,9 @@ MAX_REMEMBERED_FAILURES = 1000
 # A duration longer than this is almost always a unit mistake, and one near
 # ``timedelta.max`` would overflow the datetime arithmetic of ``decide``/``prune``.
 MAX_DURATION = timedelta(days=3650)
-# Exceptions that say nothing about the remote host: the task decided (Abort) or asked to
-# run later (TaskDeferred). They never count as failures by default.
-NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred)
+# Exceptions that say nothing about the remote host: the task decided (Abort), asked to
+# run later (TaskDeferred) or stopped on request (Cancelled). Not failures by default.
+NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred, Cancelled)
 
 
 class State(StrEnum):
@@ -126,14 +126,10 @@ class Breaker:
             raise InvalidTaskOptions(
                 f"Breaker key must be a function of the task's arguments, got {self.key!r}."
             )
-        name = self.name
-        if not isinstance(name, str) or not name or len(name) > BREAKER_NAME_MAX_LENGTH:
-            raise InvalidTaskOptions(
-                f"Breaker name must be a non-empty string of at most "
-                f"{BREAKER_NAME_MAX_LENGTH} characters, got {name!r}."
-            )
-        if "/" in name or "\x00" in name:
-            raise InvalidTaskOptions(f"Breaker name must not contain '/' or NUL, got {name!r}.")
+        try:
+            check_name(self.name)
+        except ValueError as exc:
+            raise InvalidTaskOptions(str(exc)) from None
         if self.failure is not None:
             if self.failure_threshold is not None or self.failure_window is not None:
                 raise InvalidTaskOptions(
@@ -223,6 +219,18 @@ def scoped_key(name: str, key: str) -> str:
 def split_scoped_key(scoped: str) -> tuple[str, str]:
     name, _, key = scoped.partition("/")
     return name, key
+
+
+def check_name(name: Any) -> str:
+    """A breaker name, checked: it is stored before the key, separated by ``/``."""
+    if not isinstance(name, str) or not name or len(name) > BREAKER_NAME_MAX_LENGTH:
+        raise ValueError(
+            f"Breaker name must be a non-empty string of at most "
+            f"{BREAKER_NAME_MAX_LENGTH} characters, got {name!r}."
+        )
+    if "/" in name or "\x00" in name:
+        raise ValueError(f"Breaker name must not contain '/' or NUL, got {name!r}.")
+    return name
 
 
 def check_key(value: Any, where: str) -> str | None:

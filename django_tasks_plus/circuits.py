@@ -39,6 +39,8 @@ from .breaker import (
     Hold,
     Run,
     State,
+    check_key,
+    check_name,
     decide,
     failures_text,
     force,
@@ -78,8 +80,10 @@ def breaker_middleware(call_next: Handler) -> Handler:
         breaker = getattr(attempt.task, "breaker", None)
         if not isinstance(breaker, Breaker) or attempt.breaker_key is None:
             return call_next(attempt)
-        _name, key = split_scoped_key(attempt.breaker_key)
-        where = _Key(_database(attempt.backend), attempt.backend, breaker.name, key)
+        # The circuit the task was enqueued under: a breaker renamed since then leaves its
+        # waiting tasks with the circuit that holds them, and new tasks use the new name.
+        name, key = split_scoped_key(attempt.breaker_key)
+        where = _Key(_database(attempt.backend), attempt.backend, name or breaker.name, key)
         return _guarded(breaker, where, attempt, call_next)
 
     return middleware
@@ -266,6 +270,10 @@ def _record(breaker: Breaker, where: _Key, attempt: Attempt, outcome: str) -> No
     _announce(breaker, where, current, after, attempt.id)
     if after.state is State.CLOSED and current.state is not State.CLOSED:
         _release(where, now)
+    elif current.probe_task_id is not None and after.probe_task_id is None:
+        # The probe ended saying nothing about the host: the tasks parked until it would
+        # have gone stale are due now, so that one of them probes at once.
+        _release(where, now)
 
 
 def _release(where: _Key, now: datetime) -> int:
@@ -391,7 +399,8 @@ def force_close(
     key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
 ) -> int:
     """Close a circuit now (its failures forgotten) and release the tasks it held; returns
-    how many were released. Hooks do not run: they belong to the workers' breakers."""
+    how many were released. Hooks do not run: they belong to the workers' breakers.
+    Raises ``ValueError`` for a name or key no breaker could have."""
     return _force(State.CLOSED, key, name, backend)
 
 
@@ -404,7 +413,11 @@ def force_open(
 
 
 def _force(state: State, key: str, name: str, backend: str) -> int:
-    where = _Key(_database(backend), backend, name, key)
+    check_name(name)
+    checked = check_key(key, "A breaker key")  # raises ValueError, as check_name
+    if checked is None:
+        raise ValueError("A breaker key is required to force a circuit.")
+    where = _Key(_database(backend), backend, name, checked)
     with transaction.atomic(using=where.database):
         now = store.database_now(where.database)
         current = _parse(where, store.locked_circuit(where.database, backend, name, key, now))

@@ -1,0 +1,279 @@
+"""The breaker middleware against the real database, in this process (``circuits.py``).
+
+Worker processes are exercised in ``test_breakers.py``; here each test calls the
+middleware as the worker does, with a ``call_next`` that stands for the task, and reads
+the circuit and the task rows it changed. ``transaction=True``: the middleware writes in
+transactions of its own and skips recording inside a transaction a task left open.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from django_tasks_plus import Abort, Breaker, BreakerHeldTooLong, Hold, events, task
+from django_tasks_plus.breaker import State, failures_text
+from django_tasks_plus.circuits import breaker_middleware, force_close, force_open
+from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.exceptions import Cancelled
+from django_tasks_plus.middleware import Attempt
+from django_tasks_plus.models import BreakerRecord, TaskRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOST = "inbox.example.com"
+state_changes: list[tuple[str, str, str]] = []
+drops: list[Any] = []
+
+
+def _on_change(key: str, old: State, new: State) -> None:
+    state_changes.append((key, old.value, new.value))
+
+
+def _on_drop(key: str, details: Any) -> None:
+    drops.append((key, details))
+
+
+GUARD = Breaker(
+    key=lambda url: url,
+    name="inboxes",
+    failure_threshold=2,
+    failure_window=60,
+    recovery_delay=60,
+    held_ttl=3600,
+    failures=(ConnectionError,),
+    on_state_change=_on_change,
+    on_drop=_on_drop,
+)
+
+
+@task(breaker=GUARD)
+def deliver(url: str) -> str:
+    return url
+
+
+@pytest.fixture(autouse=True)
+def _clean_hooks() -> None:
+    state_changes.clear()
+    drops.clear()
+
+
+def attempt(task_id: str = "t-1", *, held_since: Any = None, key: str = HOST) -> Attempt:
+    return Attempt(
+        id=task_id,
+        task=deliver,
+        task_path="tests.test_circuits.deliver",
+        queue_name="default",
+        priority=0,
+        number=1,
+        args=(key,),
+        kwargs={},
+        result=None,  # type: ignore[arg-type]
+        backend="default",
+        held_since=held_since,
+        breaker_key=f"inboxes/{key}",
+    )
+
+
+def run(call: Any, task_attempt: Attempt | None = None) -> Any:
+    return breaker_middleware(call)(task_attempt or attempt())
+
+
+def raising(exc: BaseException) -> Any:
+    def call(_attempt: Attempt) -> Any:
+        raise exc
+
+    return call
+
+
+def circuit(name: str = "inboxes", key: str = HOST) -> BreakerRecord:
+    return BreakerRecord.objects.get(name=name, key=key)
+
+
+def waiting_task(*, held: bool = True, due_in: float = 3600, key: str = HOST) -> TaskRecord:
+    now = timezone.now()
+    return TaskRecord.objects.create(
+        task_path="tests.test_circuits.deliver",
+        args=[key],
+        status=TaskResultStatus.READY,
+        run_after=now + timedelta(seconds=due_in),
+        enqueued_at=now - timedelta(minutes=1),
+        breaker_key=f"inboxes/{key}",
+        held_since=now - timedelta(minutes=1) if held else None,
+    )
+
+
+def half_open(probe: str = "probe-1") -> None:
+    now = timezone.now()
+    BreakerRecord.objects.create(
+        backend_name="default",
+        name="inboxes",
+        key=HOST,
+        state="half-open",
+        failures="[]",
+        opened_at=now - timedelta(minutes=5),
+        probe_task_id=probe,
+        probe_started_at=now,
+        parked_until=now + timedelta(seconds=60),
+        updated_at=now,
+    )
+
+
+def test_failures_up_to_the_threshold_open_the_circuit_and_tell_the_hook():
+    for number in range(2):
+        with pytest.raises(ConnectionError):
+            run(raising(ConnectionError("refused")), attempt(f"t-{number}"))
+    row = circuit()
+    assert row.state == "open"
+    assert row.opened_at is not None
+    assert state_changes == [(HOST, "closed", "open")]
+
+
+def test_an_open_circuit_holds_the_task_and_parks_the_keys_other_waiting_tasks():
+    force_open(HOST, name="inboxes")
+    sibling = waiting_task(held=False, due_in=-5)
+    other_host = waiting_task(held=False, due_in=-5, key="other.example.com")
+    seen: list[events.Event] = []
+    with events.subscribed(seen.append, events.BREAKER_PARKED):
+        answer = run(lambda _attempt: pytest.fail("the task must not run"))
+    assert isinstance(answer, Hold)
+    probe_at = circuit().opened_at + timedelta(seconds=60)
+    assert answer.until == probe_at
+    sibling.refresh_from_db()
+    assert sibling.run_after == probe_at
+    assert sibling.held_since is not None
+    other_host.refresh_from_db()
+    assert other_host.run_after < timezone.now()  # another key's task is left alone
+    assert [event.measurements["count"] for event in seen] == [1]
+    assert circuit().parked_until == probe_at
+
+    # A second hold of the same key does not park again (one statement per wait).
+    with events.subscribed(seen.append, events.BREAKER_PARKED):
+        run(lambda _attempt: pytest.fail("the task must not run"), attempt("t-2"))
+    assert len(seen) == 1
+
+
+def test_the_probes_success_closes_the_circuit_and_releases_the_held_tasks():
+    half_open()
+    held = waiting_task()
+    assert run(lambda _attempt: "delivered", attempt("probe-1")) == "delivered"
+    assert circuit().state == "closed"
+    held.refresh_from_db()
+    assert held.run_after <= timezone.now()
+    assert state_changes == [(HOST, "half-open", "closed")]
+
+
+@pytest.mark.parametrize("exc", [Abort("bad payload"), Cancelled("stop"), KeyError("x")], ids=type)
+def test_a_probe_ending_neutral_frees_the_slot_and_releases_the_parked_tasks(exc):
+    half_open()
+    parked = waiting_task()
+    with pytest.raises(type(exc)):
+        run(raising(exc), attempt("probe-1"))
+    row = circuit()
+    assert row.state == "half-open"
+    assert row.probe_task_id is None
+    parked.refresh_from_db()
+    assert parked.run_after <= timezone.now()  # one of them probes next, at once
+
+
+def test_a_probe_failure_opens_the_circuit_again():
+    half_open()
+    with pytest.raises(ConnectionError):
+        run(raising(ConnectionError("refused")), attempt("probe-1"))
+    row = circuit()
+    assert row.state == "open"
+    assert row.probe_task_id is None
+    assert state_changes == [(HOST, "half-open", "open")]
+
+
+def test_a_task_held_past_its_ttl_is_dropped_and_on_drop_is_told():
+    force_open(HOST, name="inboxes")
+    since = timezone.now() - timedelta(hours=2)
+    with pytest.raises(BreakerHeldTooLong, match="breaker held too long"):
+        run(lambda _attempt: pytest.fail("must not run"), attempt("t-9", held_since=since))
+    [(key, details)] = drops
+    assert key == HOST
+    assert details.task_id == "t-9"
+    assert details.held_since == since
+    assert details.args == (HOST,)
+
+
+def test_a_task_uses_the_circuit_it_was_enqueued_under_after_a_rename():
+    renamed = attempt("t-1")
+    renamed = Attempt(**{**_fields(renamed), "breaker_key": f"old-name/{HOST}"})
+    with pytest.raises(ConnectionError):
+        run(raising(ConnectionError("refused")), renamed)
+    assert BreakerRecord.objects.filter(name="old-name", key=HOST).exists()
+    assert not BreakerRecord.objects.filter(name="inboxes").exists()
+
+
+def _fields(value: Attempt) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in Attempt.__dataclass_fields__}
+
+
+def test_a_corrupt_circuit_is_treated_as_closed_and_logged(caplog):
+    now = timezone.now()
+    BreakerRecord.objects.create(
+        backend_name="default",
+        name="inboxes",
+        key=HOST,
+        state="bogus",
+        failures="not json",
+        updated_at=now,
+    )
+    caplog.set_level(logging.WARNING, logger="django_tasks_plus.breakers")
+    assert run(lambda _attempt: "ran") == "ran"
+    assert "stored state is corrupt" in caplog.text
+
+
+def _broken_hook(key: str, old: State, new: State) -> None:
+    raise RuntimeError("hook bug")
+
+
+@task(
+    breaker=Breaker(
+        key=lambda url: url, name="inboxes", failure_threshold=1, on_state_change=_broken_hook
+    )
+)
+def fragile(url: str) -> str:
+    return url
+
+
+def test_a_hook_that_raises_is_logged_and_changes_nothing(caplog):
+    caplog.set_level(logging.ERROR, logger="django_tasks_plus.breakers")
+    guarded = Attempt(**{**_fields(attempt()), "task": fragile})
+    with pytest.raises(ConnectionError):
+        run(raising(ConnectionError("refused")), guarded)
+    assert circuit().state == "open"
+    assert "hook bug" in caplog.text
+
+
+def test_a_success_clears_the_remembered_failures_of_a_closed_circuit():
+    with pytest.raises(ConnectionError):
+        run(raising(ConnectionError("refused")))
+    assert circuit().failures != "[]"
+    run(lambda _attempt: "ok")
+    assert circuit().failures == failures_text([])
+    assert circuit().state == "closed"
+
+
+def test_exceptions_outside_failures_are_neutral():
+    with pytest.raises(ValueError):
+        run(raising(ValueError("not a host problem")))
+    assert not BreakerRecord.objects.exists()  # nothing recorded, no row written
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [("", "inboxes"), ("x\x00y", "inboxes"), (HOST, "a/b"), (HOST, ""), ("k" * 300, "inboxes")],
+)
+def test_forcing_a_circuit_refuses_a_name_or_key_no_breaker_could_have(key, name):
+    with pytest.raises(ValueError):
+        force_open(key, name=name)
+    with pytest.raises(ValueError):
+        force_close(key, name=name)
+    assert not BreakerRecord.objects.exists()
