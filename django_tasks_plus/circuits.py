@@ -361,7 +361,7 @@ class BreakerStatus:
     opened_at: datetime | None
     probe_task_id: str | None
     probe_started_at: datetime | None
-    held: int  # waiting tasks held for this key
+    held: int  # tasks held back for this key and not yet due
     updated_at: datetime
     problem: str = ""  # why a corrupt row cannot be read
 
@@ -369,7 +369,7 @@ class BreakerStatus:
 def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[BreakerStatus]:
     """Every circuit the backend's breakers have stored (a key that never failed has none)."""
     database = _database(backend)
-    held = store.held_counts(database, backend)
+    held = store.held_counts(database, backend, store.database_now(database))
     statuses = []
     for row in store.breaker_rows(database, backend):
         problem = ""

@@ -423,3 +423,164 @@ def _install_event_subscribers() -> None:
 
 
 _install_event_subscribers()
+
+
+# -- circuit breakers (tests/test_breakers.py) ---------------------------------------------
+import json  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+from django_tasks_plus import Breaker, DroppedTask  # noqa: E402
+
+# Retried at once, many times: a probe that fails while the host is down spends an attempt.
+BREAKER_RETRY = exponential_backoff(initial_delay=0, max_delay=0, max_attempts=50, jitter=False)
+# The delivery test's retry: short waits between attempts, never giving up within a test.
+DELIVERY_RETRY = exponential_backoff(
+    initial_delay=0.2, max_delay=0.5, max_attempts=50, jitter=False
+)
+
+
+def _append(name: str, line: str) -> None:
+    marker = _marker(name)
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+
+def _host_of(url: str, n: int) -> str:
+    return urlsplit(url).netloc
+
+
+@task(
+    retry=DELIVERY_RETRY,
+    breaker=Breaker(
+        key=_host_of,
+        name="http",
+        failure_threshold=3,
+        failure_window=60,
+        recovery_delay=2,
+        release_interval=0.2,
+        failures=(ConnectionError, OSError, urllib.error.URLError),
+    ),
+)
+def deliver(url: str, n: int) -> int:
+    """A webhook delivery: GET ``url?n=N``; anything but 200 raises (503 raises HTTPError)."""
+    with urllib.request.urlopen(f"{url}?n={n}", timeout=2) as response:
+        response.read()
+        if response.status != 200:
+            raise ConnectionError(f"{url} answered {response.status}")
+    return n
+
+
+def _named_host(host: str, n: int, seconds: float = 0.0) -> str | None:
+    """The key of the marker-file tasks: ``host``, or a misbehaving key for test hosts."""
+    if host == "raises":
+        raise LookupError("no route to that host")
+    if host == "number":
+        return 42  # type: ignore[return-value]
+    if host == "none":
+        return None
+    return host
+
+
+def _call_host(host: str, n: int, seconds: float) -> int:
+    """A call to a pretend remote host: logged to ``calls-<host>`` ("n pid start end");
+    raises ConnectionError while the marker ``down-<host>`` exists."""
+    started = time.time()
+    down = _marker(f"down-{host}")
+    if down is not None and down.exists():
+        _append(f"calls-{host}", f"{n} {os.getpid()} {started} {time.time()} down")
+        raise ConnectionError(f"{host} is down")
+    time.sleep(seconds)
+    _append(f"calls-{host}", f"{n} {os.getpid()} {started} {time.time()} up")
+    return n
+
+
+@task(
+    retry=BREAKER_RETRY,
+    breaker=Breaker(
+        key=_named_host,
+        name="local",
+        failure_threshold=2,
+        failure_window=60,
+        recovery_delay=1,
+        release_interval=0.2,
+        failures=(ConnectionError,),
+    ),
+)
+def call_host(host: str, n: int, seconds: float = 0.0) -> int:
+    return _call_host(host, n, seconds)
+
+
+@task(
+    retry=BREAKER_RETRY,
+    breaker=Breaker(
+        key=_named_host,
+        name="park",
+        failure_threshold=3,
+        failure_window=60,
+        recovery_delay=30,
+        release_interval=0.2,
+        failures=(ConnectionError,),
+    ),
+)
+def call_parked_host(host: str, n: int, seconds: float = 0.0) -> int:
+    """Like call_host, but its circuit waits 30 s before probing: held tasks stay held."""
+    return _call_host(host, n, seconds)
+
+
+@task(
+    retry=BREAKER_RETRY,
+    breaker=Breaker(
+        key=_named_host,
+        name="probe",
+        failure_threshold=3,
+        failure_window=60,
+        recovery_delay=2,
+        release_interval=0.2,
+        failures=(ConnectionError,),
+    ),
+)
+def call_probed_host(host: str, n: int, seconds: float = 0.0) -> int:
+    return _call_host(host, n, seconds)
+
+
+def _state_hook_raises(key: str, old: object, new: object) -> None:
+    _append("ttl-state-changes", f"{key} {old} {new}")
+    raise RuntimeError("state hook exploded")
+
+
+def _drop_hook_raises(key: str, dropped: DroppedTask) -> None:
+    line = {
+        "key": key,
+        "task_id": dropped.task_id,
+        "task_path": dropped.task_path,
+        "args": list(dropped.args),
+        "held_since": dropped.held_since.isoformat(),
+    }
+    _append("ttl-drops", json.dumps(line))
+    raise RuntimeError("drop hook exploded")
+
+
+@task(
+    retry=exponential_backoff(max_attempts=1),
+    breaker=Breaker(
+        key=lambda n: "ttl-host",
+        name="ttl",
+        failure_threshold=1,
+        failure_window=60,
+        recovery_delay=2,
+        held_ttl=1,
+        release_interval=0.2,
+        failures=(ConnectionError,),
+        on_state_change=_state_hook_raises,
+        on_drop=_drop_hook_raises,
+    ),
+)
+def held_past_ttl(n: int) -> int:
+    """Task 0 fails (opening the circuit); the others are held past their 1 s TTL."""
+    if n == 0:
+        raise ConnectionError("ttl-host refused the connection")
+    _append("ttl-ran", str(n))
+    return n

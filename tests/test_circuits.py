@@ -17,7 +17,12 @@ from django.utils import timezone
 
 from django_tasks_plus import Abort, Breaker, BreakerHeldTooLong, Hold, events, task
 from django_tasks_plus.breaker import State, failures_text
-from django_tasks_plus.circuits import breaker_middleware, force_close, force_open
+from django_tasks_plus.circuits import (
+    breaker_middleware,
+    breaker_states,
+    force_close,
+    force_open,
+)
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.exceptions import Cancelled
 from django_tasks_plus.middleware import Attempt
@@ -165,6 +170,8 @@ def test_the_probes_success_closes_the_circuit_and_releases_the_held_tasks():
     held.refresh_from_db()
     assert held.run_after <= timezone.now()
     assert state_changes == [(HOST, "half-open", "closed")]
+    [status] = breaker_states()
+    assert status.held == 0  # released: due now, no longer held back
 
 
 @pytest.mark.parametrize("exc", [Abort("bad payload"), Cancelled("stop"), KeyError("x")], ids=type)

@@ -130,8 +130,9 @@ def breaker_rows(database: str, backend_name: str) -> list[BreakerRecord]:
     )
 
 
-def held_counts(database: str, backend_name: str) -> dict[str, int]:
-    """Waiting tasks held by a breaker, per stored breaker key (``name/key``)."""
+def held_counts(database: str, backend_name: str, now: datetime) -> dict[str, int]:
+    """Tasks a breaker holds back now, per stored breaker key (``name/key``): held, and not
+    yet due (a released task keeps ``held_since`` until it runs, but is due)."""
     rows = (
         TaskRecord.objects.using(database)
         .filter(
@@ -139,6 +140,7 @@ def held_counts(database: str, backend_name: str) -> dict[str, int]:
             status=TaskResultStatus.READY,
             breaker_key__isnull=False,
             held_since__isnull=False,
+            run_after__gt=now,
         )
         .values("breaker_key")
         .annotate(count=Count("id"))
