@@ -11,3 +11,7 @@ class TasksPlusConfig(AppConfig):
         # Importing compat loads the framework's signals and system checks, also on the
         # Django 5.2 backport when 'django_tasks' itself is not in INSTALLED_APPS.
         from . import compat  # noqa: F401
+        from .metrics import install
+
+        # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).
+        install()

@@ -41,11 +41,35 @@ _DEFAULTS: dict[str, Any] = {
     "QUEUE_RESOLUTION": "strict",
     # Execution middleware factories (or dotted paths), outermost first: docs/middleware.md.
     "MIDDLEWARE": (),
+    # Counters and histograms per queue and task path (docs/metrics.md); {} = the defaults
+    # below, and a dict given sets only the keys it names.
+    "METRICS": {},
+}
+
+# Every OPTIONS["METRICS"] key with its default, written only here (as _DEFAULTS above).
+_METRICS_DEFAULTS: dict[str, Any] = {
+    "ENABLED": True,
+    # Seconds between two writes of a worker's counts (one upsert statement each).
+    "FLUSH_INTERVAL": 10.0,
+    # Per-minute rows older than this are deleted by the leader; the all-time totals stay.
+    "RETENTION_DAYS": 7,
+    # The bearer token that may read the Prometheus endpoint; None: staff sessions only.
+    "TOKEN": None,
 }
 
 QUEUE_RESOLUTIONS = ("fallback", "strict")
 # Keys of a QUEUES_CONFIG entry that describe the queue itself; the rest choose its doer.
 QUEUE_KEYS = ("max_depth",)
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The validated ``OPTIONS["METRICS"]`` of one backend (docs/metrics.md)."""
+
+    enabled: bool = _METRICS_DEFAULTS["ENABLED"]
+    flush_interval: float = _METRICS_DEFAULTS["FLUSH_INTERVAL"]
+    retention: timedelta = timedelta(days=_METRICS_DEFAULTS["RETENTION_DAYS"])
+    token: str | None = field(default=_METRICS_DEFAULTS["TOKEN"], repr=False)
 
 
 @dataclass(frozen=True)
@@ -74,6 +98,7 @@ class BackendSettings:
     max_payload_bytes: int | None = _DEFAULTS["MAX_PAYLOAD_BYTES"]
     queue_resolution: str = _DEFAULTS["QUEUE_RESOLUTION"]
     middleware: tuple[Middleware, ...] = _DEFAULTS["MIDDLEWARE"]  # resolved factories
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def serves(self, queue: str) -> bool:
         """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
@@ -251,6 +276,7 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         max_payload_bytes=max_payload,
         queue_resolution=resolution,
         middleware=_middleware(alias, merged["MIDDLEWARE"]),
+        metrics=metrics_settings(alias, merged["METRICS"]),
         queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
 
@@ -260,6 +286,48 @@ def _middleware(alias: str, value: Any) -> tuple[Middleware, ...]:
         return load_middleware(value, f"TASKS[{alias!r}]['OPTIONS']['MIDDLEWARE']")
     except ValueError as exc:
         raise InvalidBackendOptions(str(exc)) from exc
+
+
+def metrics_settings(alias: str, value: Any) -> MetricsSettings:
+    """Validate ``OPTIONS["METRICS"]``; also read on its own by ``metrics`` at startup."""
+    if not isinstance(value, Mapping):
+        raise _fail(alias, "METRICS", f"must be a dict, got {value!r}.")
+    for key in value:
+        if key not in _METRICS_DEFAULTS:
+            close = difflib.get_close_matches(str(key), _METRICS_DEFAULTS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise _fail(
+                alias,
+                "METRICS",
+                f"has an unknown key {key!r}.{hint} "
+                f"Known keys: {', '.join(sorted(_METRICS_DEFAULTS))}.",
+            )
+    merged = {**_METRICS_DEFAULTS, **value}
+    enabled = merged["ENABLED"]
+    if not isinstance(enabled, bool):
+        raise _fail(alias, "METRICS", f"must be True or False, got {enabled!r}.", subkey="ENABLED")
+    token = merged["TOKEN"]
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise _fail(
+            alias,
+            "METRICS",
+            f"must be None (no token: staff sessions only) or a non-empty string, got {token!r}.",
+            subkey="TOKEN",
+        )
+    numbers = {}
+    for key in ("FLUSH_INTERVAL", "RETENTION_DAYS"):
+        problem = positive_seconds_problem(merged[key])
+        if problem:
+            if key == "RETENTION_DAYS":
+                problem = problem.replace("seconds", "days")
+            raise _fail(alias, "METRICS", f"{problem}.", subkey=key)
+        numbers[key] = float(merged[key])
+    return MetricsSettings(
+        enabled=enabled,
+        flush_interval=numbers["FLUSH_INTERVAL"],
+        retention=timedelta(days=numbers["RETENTION_DAYS"]),
+        token=token,
+    )
 
 
 def _duration(alias: str, key: str, value: Any) -> timedelta:

@@ -253,3 +253,34 @@ class BreakerRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}/{self.key} [{self.state}]"
+
+
+class MetricRecord(models.Model):
+    """One number of one minute: a counter, or one histogram bucket or sum, per backend,
+    queue and task path (``metrics/``).
+
+    Workers add to these rows in one upsert per flush, never one write per task. The row
+    whose ``minute`` is the epoch (``metrics.catalog.ALL_TIME``) holds the all-time total
+    that the Prometheus endpoint serves; the leader deletes minutes past the retention.
+    """
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    minute = models.DateTimeField(_("minute"))
+    queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
+    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
+    name = models.CharField(_("metric"), max_length=40)
+    value = models.BigIntegerField(_("value"), default=0)
+
+    class Meta:
+        verbose_name = _("metric")
+        verbose_name_plural = _("metrics")
+        constraints = [
+            # The upsert's conflict target; also serves reads of a window of minutes.
+            models.UniqueConstraint(
+                fields=["backend_name", "minute", "queue_name", "task_path", "name"],
+                name="dtp_metric_unique_minute",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.queue_name} {self.task_path} {self.name}"

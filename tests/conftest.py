@@ -108,3 +108,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30, interval: float
 
 def worker_log(tmp_path: Path, index: int = 0) -> str:
     return (tmp_path / f"worker-{index}.log").read_text()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the metrics this process counted (docs/metrics.md): its exit-time flush would
+    otherwise write them to the development database after the test one is gone."""
+    from django_tasks_plus.metrics import AGGREGATOR
+
+    AGGREGATOR.take()

@@ -401,7 +401,7 @@ def test_settings_unknown_key():
     assert str(info.value) == (
         "TASKS['default']['OPTIONS'] has an unknown key 'CONCURENCY'. Did you mean "
         "'CONCURRENCY'? Known keys: CONCURRENCY, DATABASE, DEDUP_TTL, DOER, "
-        "MAX_PAYLOAD_BYTES, MIDDLEWARE, NOTIFY, POLL_INTERVAL, PREFETCH, QUEUES_CONFIG, "
+        "MAX_PAYLOAD_BYTES, METRICS, MIDDLEWARE, NOTIFY, POLL_INTERVAL, PREFETCH, QUEUES_CONFIG, "
         "QUEUE_RESOLUTION, RETRY, SHUTDOWN_TIMEOUT, VISIBILITY_TIMEOUT."
     )
 

@@ -29,6 +29,15 @@ from tests.test_leases import _claim_one, _lease_expired
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def no_metrics(settings):  # type: ignore[no-untyped-def]
+    """The metrics aggregator subscribes at startup (docs/metrics.md); these tests count
+    every subscriber and every event built, so they run with metrics off."""
+    default = settings.TASKS["default"]
+    options = {**default.get("OPTIONS", {}), "METRICS": {"ENABLED": False}}
+    settings.TASKS = {**settings.TASKS, "default": {**default, "OPTIONS": options}}
+
+
 class Recorder(list):  # type: ignore[type-arg]
     """A subscriber that keeps what it receives."""
 

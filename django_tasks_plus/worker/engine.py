@@ -38,6 +38,7 @@ from .doers import Doer, make_doer
 from .execution import TaskRunner
 from .heartbeat import Heartbeat, Lease, WorkerPruner
 from .leadership import LeaderElection
+from .metrics_flusher import metrics_services
 from .outcome import outcome_for
 from .reaper import reap_expired
 from .reporter import Reporter
@@ -188,6 +189,13 @@ class Worker:
         """
         config = self.config
         services: list[Service] = [
+            # First, so it stops last: its final flush follows the reporter's last batch.
+            *metrics_services(
+                self.backend.settings,
+                clock=self.clock,
+                bound_seconds=config.visibility_timeout,
+                after=[self.reporter],
+            ),
             self.reporter,
             Heartbeat(
                 self.backend,

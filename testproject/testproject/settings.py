@@ -8,6 +8,7 @@ Configuration comes from environment variables only (no ``.env`` file is read):
 ``DATABASE_URL``     default: SQLite file ``testproject/db.sqlite3``
 ``TEST_SQLITE_NAME`` SQLite test database file (default ``testproject/test_db.sqlite3``)
 ``TASKS_LOG_LEVEL``  level of the ``django_tasks_plus`` logger (default ``INFO``)
+``TASKS_METRICS``    ``false`` turns OPTIONS["METRICS"] off (default ``true``)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
                      startup (default: see ``_task_modules_outside_apps``)
 """
@@ -134,7 +135,8 @@ TASKS = {
     "default": {
         "BACKEND": "django_tasks_plus.backend.DatabaseBackend",
         "QUEUES": ["default", "emails", "slow", "other"],
-        "OPTIONS": {},
+        # TASKS_METRICS=false turns the metrics off (the benchmark compares both).
+        "OPTIONS": {"METRICS": {"ENABLED": env.bool("TASKS_METRICS", default=True)}},
     },
 }
 

@@ -1,0 +1,57 @@
+"""Metrics: counters and histograms from the lifecycle events, per queue and task path,
+kept per minute in the database so that every process sees the whole fleet.
+
+- ``aggregate``: the process-wide aggregator (an events subscriber) and its flushes;
+- ``catalog``: what is counted, the fixed histogram buckets, the stored names;
+- ``queries``: the read API (gauges, totals, rate series, percentiles, workers) that
+  the admin overview, ``taskstats`` and the Prometheus endpoint use;
+- ``prometheus``: the text exposition served by ``django_tasks_plus.urls``.
+
+See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from .aggregate import AGGREGATOR, install
+from .catalog import BUCKETS, COUNTER_NAMES, HISTOGRAM_NAMES
+from .queries import (
+    Histogram,
+    QueueGauge,
+    Total,
+    WorkerStatus,
+    all_time,
+    counter_totals,
+    histogram,
+    percentiles,
+    queue_gauges,
+    rate_series,
+    totals,
+    workers,
+)
+
+
+def flush() -> int:
+    """Write this process's counts now (tests, scripts); returns the rows written."""
+    return AGGREGATOR.flush()
+
+
+__all__ = [
+    "AGGREGATOR",
+    "BUCKETS",
+    "COUNTER_NAMES",
+    "HISTOGRAM_NAMES",
+    "Histogram",
+    "QueueGauge",
+    "Total",
+    "WorkerStatus",
+    "all_time",
+    "counter_totals",
+    "flush",
+    "histogram",
+    "install",
+    "percentiles",
+    "queue_gauges",
+    "rate_series",
+    "totals",
+    "workers",
+]

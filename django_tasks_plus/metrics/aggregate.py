@@ -1,0 +1,334 @@
+"""The process-wide aggregator: events in, per-minute rows out.
+
+Every process that emits events (web processes enqueue, workers run) adds them up here,
+in memory, under one lock: a handler is a few dictionary and list operations (the
+events seam runs it on the emitting thread). ``flush()`` moves what was counted to the
+metrics table in one upsert.
+
+Who flushes: in a worker, its ``tasks-metrics-flusher`` service every ``FLUSH_INTERVAL``
+seconds and once more when it stops (it ``claim()``\\ s the aggregator while it runs).
+Anywhere else (web processes, shells), the enqueue-side event that finds the last flush
+``FLUSH_INTERVAL`` seconds old flushes synchronously on its own thread, right after the
+enqueuing commit; an ``atexit`` hook flushes what is left when the process exits. A
+flush that fails puts its counts back for the next one and logs a warning; counts that
+cannot be written at exit are logged as an error with their number. Only a process
+killed outright loses what it counted since its last flush.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.db import DatabaseError, connections
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from .. import events
+from ..conf import BackendSettings, MetricsSettings, metrics_settings
+from ..db.metrics import Row, add_metrics
+from ..exceptions import InvalidBackendOptions
+from .catalog import (
+    ALL_TIME,
+    BUCKET_NAMES,
+    BUCKETS,
+    COUNTER_NAMES,
+    COUNTER_OF_EVENT,
+    HISTOGRAM_NAMES,
+    sum_name,
+)
+
+logger = logging.getLogger("django_tasks_plus.metrics")
+
+# The layout of one pending entry (a list): the counters, then each histogram's buckets
+# (len(BUCKETS) + 1 for +Inf) followed by its sum in seconds.
+_COUNTER_INDEX = {name: i for i, name in enumerate(COUNTER_NAMES)}
+_SLOTS = len(BUCKETS) + 1
+_HIST_BASE = {name: len(COUNTER_NAMES) + i * (_SLOTS + 1) for i, name in enumerate(HISTOGRAM_NAMES)}
+_WIDTH = len(COUNTER_NAMES) + len(HISTOGRAM_NAMES) * (_SLOTS + 1)
+_WAIT = _HIST_BASE["wait"]
+_RUN = _HIST_BASE["run"]
+_STARTED = _COUNTER_INDEX["started"]
+
+# Emitted in the enqueuing process (web): these may trigger a flush on emit.
+ENQUEUE_SIDE = frozenset(
+    {
+        events.TASK_ENQUEUED,
+        events.TASK_DEDUPLICATED,
+        events.TASK_CANCELLED,
+        events.TASK_REDRIVEN,
+        events.TASK_DISCARDED,
+    }
+)
+# Outcomes that carry the attempt's ``run_time``.
+_TIMED = frozenset({events.TASK_SUCCEEDED, events.TASK_ATTEMPT_FAILED, events.TASK_DEFERRED})
+
+Key = tuple[int, str, str, str]  # epoch minute, backend, queue, task path
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one backend's metrics go."""
+
+    alias: str
+    database: str
+    metrics: MetricsSettings
+
+
+class Aggregator:
+    """Counts and histogram buckets per (minute, backend, queue, task path)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: dict[Key, list[Any]] = {}
+        self.targets: dict[str, Target] = {}  # enabled backends only
+        self.flush_interval = 10.0  # the shortest of the enabled backends'
+        self.last_flush = time.monotonic()
+        self.claimed_by = 0  # running worker flushers: emit-time flushes are off
+        self._flushing = threading.Lock()
+
+    # -- events in -----------------------------------------------------------------------
+
+    def _entry(self, event: events.Event) -> list[Any]:
+        """The pending entry for the event's minute and labels (call under the lock)."""
+        metadata = event.metadata
+        key = (
+            int(event.time // 60),
+            metadata["backend"],
+            metadata.get("queue") or "",
+            metadata.get("task_path") or "",
+        )
+        entry = self.pending.get(key)
+        if entry is None:
+            entry = self.pending[key] = [0] * _WIDTH
+        return entry
+
+    def on_count(self, event: events.Event) -> None:
+        """A counted event; its ``count`` measurement (if any) says how many."""
+        if event.metadata.get("backend") not in self.targets:
+            return
+        index = _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]]
+        amount = int(event.measurements.get("count", 1))
+        with self.lock:
+            self._entry(event)[index] += amount
+        if event.name in ENQUEUE_SIDE and not self.claimed_by:
+            self.flush_if_due()
+
+    def on_started(self, event: events.Event) -> None:
+        """``task.started``: counted, and its ``queue_time`` observed as wait."""
+        if event.metadata["backend"] not in self.targets:
+            return
+        wait = event.measurements.get("queue_time", 0.0)
+        slot = _WAIT + bisect_left(BUCKETS, wait)
+        with self.lock:
+            entry = self._entry(event)
+            entry[_STARTED] += 1
+            entry[slot] += 1
+            entry[_WAIT + _SLOTS] += wait
+
+    def on_outcome(self, event: events.Event) -> None:
+        """An outcome: counted, and its ``run_time`` (absent from the reaper) observed."""
+        if event.metadata["backend"] not in self.targets:
+            return
+        index = _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]]
+        run = event.measurements.get("run_time")
+        with self.lock:
+            entry = self._entry(event)
+            entry[index] += 1
+            if run is not None:
+                entry[_RUN + bisect_left(BUCKETS, run)] += 1
+                entry[_RUN + _SLOTS] += run
+
+    # -- rows out ------------------------------------------------------------------------
+
+    def take(self) -> dict[Key, list[Any]]:
+        """Everything counted so far; the aggregator starts again from zero."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        return pending
+
+    def put_back(self, pending: Mapping[Key, list[Any]]) -> None:
+        """Add counts a flush could not write back in, for the next flush."""
+        with self.lock:
+            for key, values in pending.items():
+                entry = self.pending.get(key)
+                if entry is None:
+                    self.pending[key] = list(values)
+                else:
+                    for i, value in enumerate(values):
+                        entry[i] += value
+
+    def flush_if_due(self) -> None:
+        """The emit-time flush of processes without a worker flusher (see the module)."""
+        if time.monotonic() - self.last_flush < self.flush_interval:
+            return
+        self.flush(in_request=True)
+
+    def flush(self, *, in_request: bool = False) -> int:
+        """Write what was counted, one upsert per backend; returns the rows written.
+
+        ``in_request``: skip a database whose connection on this thread is inside a
+        transaction (the counts wait for the next flush rather than join it)."""
+        if not self._flushing.acquire(blocking=not in_request):
+            return 0  # another thread is flushing right now
+        try:
+            self.last_flush = time.monotonic()
+            pending = self.take()
+            written = 0
+            for alias, entries in _by_backend(pending).items():
+                target = self.targets.get(alias)
+                if target is None:
+                    continue  # metrics were turned off for it since
+                if in_request and connections[target.database].in_atomic_block:
+                    self.put_back(entries)
+                    continue
+                try:
+                    written += add_metrics(target.database, rows_for(alias, entries))
+                except DatabaseError as exc:
+                    self.put_back(entries)
+                    logger.warning(
+                        "Could not write the metrics of backend %r (%s); they are kept for "
+                        "the next flush.",
+                        alias,
+                        exc,
+                    )
+            return written
+        finally:
+            self._flushing.release()
+
+    def flush_at_exit(self) -> None:
+        """The last flush of a process; says how much was lost if it fails."""
+        if not self.pending:
+            return
+        try:
+            self.flush()
+        except Exception:
+            logger.exception("Could not write the metrics at exit.")
+        lost = sum(sum(values[: len(COUNTER_NAMES)]) for values in self.pending.values())
+        if lost:
+            logger.error("Process exiting: %d counted task events were never written.", lost)
+
+    # -- who flushes ---------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """A worker flusher runs: it flushes, enqueue-side events no longer do."""
+        with self.lock:
+            self.claimed_by += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.claimed_by = max(0, self.claimed_by - 1)
+
+    @property
+    def databases(self) -> set[str]:
+        return {target.database for target in self.targets.values()}
+
+
+def _by_backend(pending: Mapping[Key, list[Any]]) -> dict[str, dict[Key, list[Any]]]:
+    grouped: dict[str, dict[Key, list[Any]]] = {}
+    for key, values in pending.items():
+        grouped.setdefault(key[1], {})[key] = values
+    return grouped
+
+
+def rows_for(alias: str, entries: Mapping[Key, list[Any]]) -> list[Row]:
+    """The table rows of one backend's entries: each non-zero number of each minute, and
+    the same added to its all-time row (one row per key: the upsert needs that)."""
+    minutes: list[Row] = []
+    totals: dict[tuple[str, str, str], int] = {}
+    for (minute, _backend, queue, task_path), values in entries.items():
+        at = datetime.fromtimestamp(minute * 60, UTC)
+        for name, value in _numbers(values):
+            minutes.append((alias, at, queue, task_path, name, value))
+            totals[(queue, task_path, name)] = totals.get((queue, task_path, name), 0) + value
+    return minutes + [
+        (alias, ALL_TIME, queue, task_path, name, value)
+        for (queue, task_path, name), value in totals.items()
+    ]
+
+
+def _numbers(values: list[Any]) -> Iterator[tuple[str, int]]:
+    for name, index in _COUNTER_INDEX.items():
+        if values[index]:
+            yield name, values[index]
+    for histogram, base in _HIST_BASE.items():
+        for i, name in enumerate(BUCKET_NAMES[histogram]):
+            if values[base + i]:
+                yield name, values[base + i]
+        seconds = values[base + _SLOTS]
+        if seconds:
+            yield sum_name(histogram), round(seconds * 1_000_000)
+
+
+AGGREGATOR = Aggregator()
+
+
+def enabled_targets(tasks: Mapping[str, Any] | None = None) -> dict[str, Target]:
+    """The ``TASKS`` entries that are django-tasks-plus backends with metrics on.
+
+    Read from the settings without creating the backends; an entry whose ``METRICS`` is
+    invalid is left out here (its backend raises the error when it is first used)."""
+    from ..backend import DatabaseBackend
+
+    found = {}
+    for alias, params in (tasks if tasks is not None else getattr(settings, "TASKS", {})).items():
+        try:
+            backend_class = import_string(params.get("BACKEND", ""))
+        except ImportError:
+            continue
+        if not (isinstance(backend_class, type) and issubclass(backend_class, DatabaseBackend)):
+            continue
+        options = params.get("OPTIONS") or {}
+        try:
+            metrics = metrics_settings(alias, options.get("METRICS", {}))
+        except InvalidBackendOptions:
+            continue
+        if metrics.enabled:
+            found[alias] = Target(alias, options.get("DATABASE", BackendSettings.database), metrics)
+    return found
+
+
+# The events the aggregator subscribes to, with the handler of each.
+def _handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
+    table: dict[str, events.Handler] = dict.fromkeys(COUNTER_OF_EVENT, aggregator.on_count)
+    table[events.TASK_STARTED] = aggregator.on_started
+    for name in _TIMED:
+        table[name] = aggregator.on_outcome
+    for name in (events.TASK_RETRY_SCHEDULED, events.TASK_DEAD_LETTERED):
+        table[name] = aggregator.on_outcome  # worker-side, never flush on emit
+    return table
+
+
+def install(tasks: Mapping[str, Any] | None = None) -> bool:
+    """Subscribe the aggregator when a backend has metrics on, unsubscribe it when none
+    has (then no event is even built for it). Called at startup and when ``TASKS``
+    changes; returns whether it is subscribed."""
+    targets = enabled_targets(tasks)
+    AGGREGATOR.targets = targets
+    handlers = _handlers(AGGREGATOR)
+    for name, handler in handlers.items():
+        events.unsubscribe(handler, name)
+    if not targets:
+        return False
+    AGGREGATOR.flush_interval = min(t.metrics.flush_interval for t in targets.values())
+    for name, handler in handlers.items():
+        events.subscribe(handler, name)
+    return True
+
+
+@receiver(setting_changed)
+def _tasks_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TASKS":
+        install()
+
+
+atexit.register(AGGREGATOR.flush_at_exit)

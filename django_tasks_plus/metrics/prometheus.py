@@ -1,0 +1,91 @@
+"""The Prometheus text exposition of the metrics, rendered by ``prometheus_client``.
+
+A collector reads the database when scraped: the all-time counters and histograms per
+backend, queue and task (totals never go down: the leader prunes minutes, not totals),
+and the gauges of each queue and the workers, counted then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import generate_latest
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .catalog import COUNTER_NAMES, COUNTERS, HISTOGRAM_NAMES, HISTOGRAMS
+from .queries import all_time, queue_gauges, workers
+
+PREFIX = "django_tasks_plus"
+LABELS = ["backend", "queue", "task"]
+GAUGES = {
+    "ready": "Tasks READY and due now.",
+    "scheduled": "Tasks READY with a future run_after (retries, scheduled, held).",
+    "running": "Tasks RUNNING now.",
+    "dead": "Tasks FAILED (dead-lettered).",
+}
+
+
+class TasksCollector(Collector):
+    """Yields the metric families of ``backends`` (TASKS aliases) when collected."""
+
+    def __init__(self, backends: Sequence[str]) -> None:
+        self.backends = list(backends)
+
+    def collect(self) -> Iterator[Metric]:
+        counters = {
+            name: CounterMetricFamily(f"{PREFIX}_{name}", COUNTERS[name][1], labels=LABELS)
+            for name in COUNTER_NAMES
+        }
+        histograms = {
+            kind: HistogramMetricFamily(f"{PREFIX}_{kind}_seconds", HISTOGRAMS[kind], labels=LABELS)
+            for kind in HISTOGRAM_NAMES
+        }
+        gauges = {
+            name: GaugeMetricFamily(f"{PREFIX}_{name}_tasks", text, labels=["backend", "queue"])
+            for name, text in GAUGES.items()
+        }
+        oldest = GaugeMetricFamily(
+            f"{PREFIX}_oldest_ready_age_seconds",
+            "How long the longest-waiting due READY task has waited.",
+            labels=["backend", "queue"],
+        )
+        alive = GaugeMetricFamily(
+            f"{PREFIX}_workers",
+            "Registered workers, alive (recent heartbeat) or stale.",
+            labels=["backend", "state"],
+        )
+        for backend in self.backends:
+            for (queue, task), numbers in sorted(all_time(backend).items()):
+                labels = [backend, queue, task]
+                for name, value in numbers["counters"].items():
+                    counters[name].add_metric(labels, value)
+                for kind in HISTOGRAM_NAMES:
+                    found = numbers[kind]
+                    histograms[kind].add_metric(labels, found.cumulative(), found.sum)
+            for gauge in queue_gauges(backend):
+                for name in GAUGES:
+                    gauges[name].add_metric([backend, gauge.queue], getattr(gauge, name))
+                oldest.add_metric([backend, gauge.queue], gauge.oldest_ready_age or 0.0)
+            found_workers = workers(backend)
+            live = sum(1 for worker in found_workers if worker.alive)
+            alive.add_metric([backend, "alive"], live)
+            alive.add_metric([backend, "stale"], len(found_workers) - live)
+        yield from counters.values()
+        yield from histograms.values()
+        yield from gauges.values()
+        yield oldest
+        yield alive
+
+
+def render(backends: Sequence[str]) -> bytes:
+    """The exposition text of ``backends``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TasksCollector(backends))
+    return generate_latest(registry)

@@ -1,0 +1,139 @@
+"""The worker's metrics services: the flusher on every worker, the pruner on the leader.
+
+The flusher writes what this process counted (``metrics.aggregate``) every
+``FLUSH_INTERVAL`` seconds in one upsert, and once more after every other service has
+stopped (it is started first, so it stops last and sees the reporter's final outcomes).
+The pruner deletes the per-minute rows past ``RETENTION_DAYS``; the all-time totals stay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from django.db import DatabaseError, connections
+
+from ..conf import BackendSettings
+from ..db import worker_connection
+from ..db.metrics import prune_metrics
+from ..metrics.aggregate import AGGREGATOR, Aggregator
+from ..metrics.catalog import ALL_TIME
+from .services import LoopService, Service
+
+logger = logging.getLogger("django_tasks_plus.worker")
+
+# How often the leader prunes: rows expire by the minute, so this only bounds the excess.
+PRUNE_INTERVAL = 300.0
+# How long the last flush waits for the services it follows to stop (the engine's own
+# shutdown bound applies to the flusher as to any service).
+FINAL_WAIT = 10.0
+
+
+class MetricsFlusher(LoopService):
+    """Every worker: flush the process's counts every ``interval`` seconds and at stop."""
+
+    name = "tasks-metrics-flusher"
+    singleton = False
+
+    def __init__(
+        self,
+        database: str,
+        *,
+        interval: float,
+        bound_seconds: float,
+        after: Sequence[Service] = (),
+        aggregator: Aggregator = AGGREGATOR,
+    ) -> None:
+        super().__init__(database)
+        self.interval = interval
+        self.bound_seconds = bound_seconds
+        self.after = tuple(after)
+        self.aggregator = aggregator
+
+    def start(self) -> None:
+        self.aggregator.claim()
+        try:
+            super().start()
+        except BaseException:
+            self.aggregator.release()
+            raise
+
+    def serve(self) -> None:
+        try:
+            super().serve()
+            # The engine asks every service to stop at once: let the outcome writer
+            # write (and emit) its last batch before the last flush.
+            for service in self.after:
+                if service.is_alive():  # never started (a failed start): nothing to wait for
+                    service.join(FINAL_WAIT)
+            self.tick()
+        finally:
+            self.aggregator.release()
+            for database in self.aggregator.databases - {self.database}:
+                connections[database].close()
+
+    def tick(self) -> None:
+        try:
+            worker_connection(self.database, self.bound_seconds)
+        except DatabaseError as exc:
+            logger.warning("Metrics not flushed: no database connection (%s); will retry", exc)
+            connections[self.database].close()
+            return
+        self.aggregator.flush()
+
+
+class MetricsPruner(LoopService):
+    """The leader: delete the backend's per-minute metrics older than the retention."""
+
+    name = "tasks-metrics-pruner"
+    singleton = True
+
+    def __init__(
+        self,
+        settings: BackendSettings,
+        *,
+        clock: Callable[[], datetime],
+        bound_seconds: float,
+        interval: float = PRUNE_INTERVAL,
+    ) -> None:
+        super().__init__(settings.database)
+        self.settings = settings
+        self.clock = clock
+        self.bound_seconds = bound_seconds
+        self.interval = interval
+
+    def tick(self) -> None:
+        try:
+            worker_connection(self.database, self.bound_seconds)
+            before = self.clock() - self.settings.metrics.retention
+            deleted = prune_metrics(self.database, self.settings.alias, before, ALL_TIME)
+        except DatabaseError as exc:
+            logger.warning("Pruning old metrics failed (%s); will retry", exc)
+            connections[self.database].close()
+            return
+        if deleted:
+            logger.debug("Pruned %d metric rows older than %s.", deleted, before.isoformat())
+
+
+def metrics_services(
+    settings: BackendSettings,
+    *,
+    clock: Callable[[], datetime],
+    bound_seconds: float,
+    after: Sequence[Service] = (),
+) -> list[Service]:
+    """The flusher and the pruner when the backend keeps metrics, else none. Put them
+    first: the flusher then stops last, its final flush after ``after`` (the outcome
+    writer) has stopped."""
+    if not settings.metrics.enabled:
+        return []
+    return [
+        MetricsFlusher(
+            settings.database,
+            interval=settings.metrics.flush_interval,
+            bound_seconds=bound_seconds,
+            after=after,
+        ),
+        MetricsPruner(settings, clock=clock, bound_seconds=bound_seconds),
+    ]
