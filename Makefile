@@ -5,7 +5,8 @@ SHELL := /bin/bash
 .PHONY: help demo test bench chaos audit lint format clean distclean
 
 help:
-	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/ + a worker"
+	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/, a worker and"
+	@echo "                a steady trickle of tasks (DEMO_TRICKLE=2 s); Ctrl-C stops all of it"
 	@echo "make test       run tox.ini's test matrix (every Django/Python combination on SQLite and"
 	@echo "                PostgreSQL) one env after another, with a summary"
 	@echo "                (knobs: TEST_COMBOS=django61 TEST_DBS=sqlite PYTEST_ARGS='-x -k name')"

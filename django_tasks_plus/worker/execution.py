@@ -59,6 +59,7 @@ from ..schema import bind_payload, payload_to_call
 from ..stored import CorruptJson
 from .hygiene import clean_up_after_attempt, refresh_connections
 from .outcome import outcome_for
+from .tasklog import describe_outcome
 from .timeouts import AttemptTimer
 
 if TYPE_CHECKING:
@@ -397,14 +398,11 @@ class TaskRunner:
                 claimed.id,
                 status,
             )
-        if self.log_each_task:
+        # A landed hold was logged by _held already, when the middleware answered.
+        if self.log_each_task and (outcome.held_because is None or not landed):
             logger.info(
-                "Task %s %s %s in %.1f ms (attempt %d)%s",
-                claimed.id,
-                claimed.task_path,
-                status,
-                seconds * 1000,
-                claimed.attempt,
+                "%s%s",
+                describe_outcome(claimed, outcome, seconds, self.clock()),
                 "" if landed else " [result discarded: lease lost]",
             )
         self.on_written(claimed)

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from argparse import ArgumentTypeError
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -24,6 +25,7 @@ from ...worker.config import (
     worker_id_problem,
 )
 from ...worker.engine import MAX_ADAPTIVE_PREFETCH, Worker
+from ...worker.reload import Reloader, is_reloaded_child, require_watchfiles
 from ...worker.services import ServiceStartError
 from ...worker.supervisor import supervise
 
@@ -129,6 +131,12 @@ class Command(BaseCommand):
             "--max-tasks", type=_positive_int, help="Exit after running this many tasks."
         )
         parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Development only: restart the worker when a Python file under the current "
+            "directory changes (needs django-tasks-plus[reload]).",
+        )
+        parser.add_argument(
             "--worker-id",
             type=_worker_id,
             help="Name of this worker (default: host-pid-random).",
@@ -187,10 +195,12 @@ class Command(BaseCommand):
                 poll_interval=options["poll_interval"],
                 burst=options["burst"],
                 max_tasks=options["max_tasks"],
-                log_each_task=verbosity >= 2,
+                log_each_task=verbosity >= 1,
             )
         except WorkerConfigError as exc:
             raise CommandError(_flag(exc)) from None
+        if options.get("reload") and not is_reloaded_child():
+            return self._reload(config)
         if verbosity >= 1:
             self._banner(backend, config, processes)
         sys.stdout.flush()
@@ -210,6 +220,28 @@ class Command(BaseCommand):
         sys.stderr.flush()
         if code:
             # Threads still running abandoned tasks would block a normal exit.
+            os._exit(code)
+
+    def _reload(self, config: WorkerConfig) -> None:
+        """Watch the code and run the worker in a child that restarts on change."""
+        if config.burst:
+            raise CommandError(
+                "--reload and --burst do not mix: a burst worker exits when the queue is "
+                "empty, so there is nothing to restart."
+            )
+        # How Django's runserver re-runs itself (python -m, -W and -X options kept).
+        from django.utils.autoreload import get_child_arguments
+
+        try:
+            require_watchfiles()
+            command = get_child_arguments()
+        except (ImportError, RuntimeError) as exc:
+            raise CommandError(str(exc)) from None
+        sys.stdout.flush()
+        code = Reloader(command, Path.cwd(), stop_timeout=config.shutdown_timeout).run()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code:
             os._exit(code)
 
     def _backend(self, alias: str) -> DatabaseBackend:

@@ -1,12 +1,31 @@
-"""Enqueue a handful of example tasks so a worker has something to do."""
+"""Enqueue example tasks so a worker has something to do; ``--trickle`` keeps it going."""
+
+import signal
+import threading
+from datetime import timedelta
 
 from django.core.management.base import BaseCommand
+from django.utils import timezone
 
-from example.tasks import add, flaky, slow
+from example.tasks import (
+    add,
+    deliver_webhook,
+    flaky,
+    import_feed,
+    send_receipt,
+    slow,
+    sync_account,
+)
+
+HOSTS = ("up.example.net", "sometimes.example.net", "down.example.net")
 
 
 class Command(BaseCommand):
-    help = "Enqueue demo tasks: some `add`, some `flaky` (fail twice, then succeed), some `slow`."
+    help = (
+        "Enqueue demo tasks: some `add`, some `flaky` (fail twice, then succeed), some `slow`. "
+        "With --trickle, keep enqueueing a mix (retries, dead letters, a circuit breaker, a "
+        "blocked ordering key, scheduled tasks) until stopped."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--add", type=int, default=10, help="number of add tasks (10)")
@@ -17,6 +36,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--seconds", type=float, default=1.0, help="how long a slow task sleeps (1.0)"
+        )
+        parser.add_argument(
+            "--trickle",
+            type=float,
+            metavar="SECONDS",
+            help="after the batch, enqueue a few tasks every SECONDS until SIGTERM/Ctrl-C",
         )
 
     def handle(self, *args, **options):
@@ -35,3 +60,43 @@ class Command(BaseCommand):
                 f"enqueued {call:<28} queue={result.task.queue_name:<8} id={result.id}"
             )
         self.stdout.write(self.style.SUCCESS(f"Enqueued {len(enqueued)} tasks."))
+        if options["trickle"]:
+            self._trickle(max(0.1, options["trickle"]))
+
+    def _trickle(self, every: float) -> None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        self.stdout.write(f"Enqueueing a few demo tasks every {every:g} s until stopped.")
+        self.stdout.flush()
+        for step in range(1, 6):  # acme's step 3 dies and blocks steps 4 and 5
+            sync_account.enqueue("acme", step)
+        total, tick = 5, 0
+        while not stop.wait(every):
+            tick += 1
+            total += self._tick(tick)
+        self.stdout.write(f"Stopped the demo trickle after enqueueing {total} tasks.")
+
+    def _tick(self, tick: int) -> int:
+        """One round of the trickle; how many tasks it enqueued."""
+        count = 0
+        for n in range(3):
+            add.enqueue(tick, n)
+            count += 1
+        send_receipt.enqueue(tick)
+        deliver_webhook.enqueue(f"https://{HOSTS[tick % 3]}/hooks", f"order.paid #{tick}")
+        count += 2
+        if tick % 5 == 0:
+            flaky.enqueue(2)
+            slow.enqueue(3.0)
+            count += 2
+        if tick % 10 == 0:
+            later = timezone.now() + timedelta(minutes=2)
+            add.using(run_after=later).enqueue(tick, 0)  # shows as scheduled
+            for step in range(1, 4):
+                sync_account.enqueue(f"globex-{tick}", step)
+            count += 4
+        if tick % 15 == 0:
+            import_feed.enqueue(f"https://feeds.example.org/{tick}.xml")
+            count += 1
+        return count

@@ -1,0 +1,193 @@
+"""Selecting task rows by id or by filter, for operator commands acting on many tasks.
+
+``redrivetasks`` and ``canceltasks`` (and anything else that acts on "every task matching
+…") describe what they want as a ``TaskFilter``; ``matching()`` turns it into the rows,
+walked in primary-key order a chunk at a time, so that a million dead letters never sit
+in memory at once and rows changed while the walk goes on are neither skipped nor seen
+twice. Everything the database can filter is filtered there (indexed columns first);
+only the last error's exception class is checked in Python, because the error list is a
+JSON column whose query syntax differs between databases.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from .models import TaskRecord
+from .stored import error_list
+
+CHUNK = 500
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)\s*$", re.IGNORECASE)
+_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class BadFilter(ValueError):
+    """A filter value that cannot be understood; the message says what to write instead."""
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """Which tasks of one backend to act on; empty fields do not filter."""
+
+    backend: str
+    ids: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    task_paths: tuple[str, ...] = ()
+    ordering_key: str | None = None
+    reason_contains: str | None = None
+    error: str | None = None
+    finished_before: datetime | None = None
+    finished_after: datetime | None = None
+
+    def describe(self, default_statuses: Sequence[str] = ()) -> str:
+        """The filter as the command-line options that would select it (statuses only
+        when they differ from the command's ``default_statuses``)."""
+        parts = [f"--backend {self.backend}"]
+        parts += [f"--queue {queue}" for queue in self.queues]
+        parts += [f"--task {path}" for path in self.task_paths]
+        if tuple(self.statuses) != tuple(default_statuses):
+            parts += [f"--status {status}" for status in self.statuses]
+        if self.ordering_key is not None:
+            parts.append(f"--ordering-key {self.ordering_key}")
+        if self.reason_contains is not None:
+            parts.append(f"--reason-contains {self.reason_contains!r}")
+        if self.error is not None:
+            parts.append(f"--error {self.error}")
+        if self.finished_before is not None:
+            parts.append(f"--finished-before {self.finished_before.isoformat()}")
+        if self.finished_after is not None:
+            parts.append(f"--finished-after {self.finished_after.isoformat()}")
+        return " ".join(parts)
+
+
+def parse_task_id(text: str) -> str:
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise BadFilter(f"{text!r} is not a task id (a UUID such as the admin shows).") from None
+
+
+def parse_moment(text: str, *, now: datetime | None = None) -> datetime:
+    """An ISO date or date-time (naive: the project's time zone), or an age such as ``2h``,
+    ``30min``, ``7d`` meaning that long ago."""
+    relative = _RELATIVE.match(text)
+    if relative:
+        amount, unit = float(relative.group(1)), relative.group(2).lower()
+        return (now or timezone.now()) - timedelta(seconds=amount * _UNITS[unit])
+    try:
+        moment = parse_datetime(text.strip())
+        if moment is None:
+            day = parse_date(text.strip())
+            moment = datetime(day.year, day.month, day.day) if day is not None else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise BadFilter(
+            f"{text!r} is not a time: give an ISO date or date-time (2026-05-01, "
+            "2026-05-01T12:30, 2026-05-01T12:30+02:00) or an age (90s, 30min, 2h, 7d, 2w)."
+        )
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment)
+    return moment
+
+
+def _queryset(selection: TaskFilter, database: str) -> QuerySet[TaskRecord]:
+    rows = TaskRecord.objects.using(database).filter(backend_name=selection.backend)
+    if selection.ids:
+        rows = rows.filter(pk__in=selection.ids)
+    if selection.statuses:
+        rows = rows.filter(status__in=selection.statuses)
+    if selection.queues:
+        rows = rows.filter(queue_name__in=selection.queues)
+    if selection.task_paths:
+        rows = rows.filter(task_path__in=selection.task_paths)
+    if selection.ordering_key is not None:
+        rows = rows.filter(ordering_key=selection.ordering_key)
+    if selection.reason_contains is not None:
+        rows = rows.filter(dead_letter_reason__icontains=selection.reason_contains)
+    if selection.finished_before is not None:
+        rows = rows.filter(finished_at__lt=selection.finished_before)
+    if selection.finished_after is not None:
+        rows = rows.filter(finished_at__gte=selection.finished_after)
+    return rows
+
+
+def error_matches(errors: Any, wanted: str) -> bool:
+    """Whether the last recorded error is of class ``wanted`` (a dotted path or a bare
+    class name: ``builtins.TimeoutError`` and ``TimeoutError`` both match)."""
+    recorded = error_list(errors)
+    if not recorded:
+        return False
+    last = recorded[-1]
+    path = str(last.get("exception_class_path", "")) if isinstance(last, Mapping) else ""
+    return path == wanted or path.endswith(f".{wanted}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a command shows of one matching task."""
+
+    id: str
+    status: str
+    queue_name: str
+    task_path: str
+    attempt: int
+    finished_at: datetime | None
+    dead_letter_reason: str
+
+
+_FIELDS = ("id", "status", "queue_name", "task_path", "attempt", "finished_at")
+
+
+def matching(selection: TaskFilter, database: str, *, limit: int | None = None) -> Iterator[Row]:
+    """The matching rows in primary-key order, read ``CHUNK`` at a time (keyset paging)."""
+    rows = _queryset(selection, database).order_by("pk")
+    fields = [*_FIELDS, "dead_letter_reason"]
+    if selection.error is not None:
+        fields.append("errors")
+    after: uuid.UUID | None = None
+    found = 0
+    while limit is None or found < limit:
+        page = rows if after is None else rows.filter(pk__gt=after)
+        chunk = list(page.values(*fields)[:CHUNK])
+        for values in chunk:
+            if selection.error is not None and not error_matches(values["errors"], selection.error):
+                continue
+            yield Row(
+                id=str(values["id"]),
+                status=values["status"],
+                queue_name=values["queue_name"],
+                task_path=values["task_path"],
+                attempt=values["attempt"],
+                finished_at=values["finished_at"],
+                dead_letter_reason=values["dead_letter_reason"],
+            )
+            found += 1
+            if limit is not None and found >= limit:
+                return
+        if len(chunk) < CHUNK:
+            return
+        after = chunk[-1]["id"]
+
+
+def count(selection: TaskFilter, database: str) -> int:
+    """How many rows match: one ``COUNT`` unless the error class must be checked per row."""
+    if selection.error is None:
+        return _queryset(selection, database).count()
+    return sum(1 for _ in matching(selection, database))
+
+
+def existing_ids(backend: str, database: str, ids: Sequence[str]) -> set[str]:
+    """Which of ``ids`` name a task of ``backend``."""
+    found = TaskRecord.objects.using(database).filter(backend_name=backend, pk__in=ids)
+    return {str(pk) for pk in found.values_list("pk", flat=True)}
