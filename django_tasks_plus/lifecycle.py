@@ -149,17 +149,29 @@ def format_traceback(exc: BaseException) -> str:
 
 
 def error_record(
-    exc: BaseException, traceback: str, *, attempt: int, worker_id: str | None, at: datetime
+    exc: BaseException,
+    traceback: str,
+    *,
+    attempt: int,
+    worker_id: str | None,
+    at: datetime,
+    started_at: datetime | None = None,
 ) -> dict[str, Any]:
-    """The JSON kept per failed attempt; the first two keys are Django's ``TaskError``."""
+    """The JSON kept per failed attempt; the first two keys are Django's ``TaskError``.
+
+    ``started_at``: when the attempt's code began, if it did (the admin shows each
+    attempt's start and duration from it and ``at``)."""
     text = traceback or format_traceback(exc)
-    return {
+    record = {
         "exception_class_path": exception_path(exc),
         "traceback": storable_text(text),
         "attempt": attempt,
         "worker_id": worker_id,
         "at": at.isoformat(),
     }
+    if started_at is not None:
+        record["started_at"] = started_at.isoformat()
+    return record
 
 
 def _without_last_attempt(task: ClaimedTask) -> dict[str, Any]:
@@ -197,7 +209,9 @@ def transition(
     prefetch buffer first); recorded as ``last_attempted_at`` (and ``started_at`` on the
     first run) so the timeline shows execution, not claiming.
     """
-    outcome = _decide(task, event, policy=policy, now=now, block_ordering=block_ordering)
+    outcome = _decide(
+        task, event, policy=policy, now=now, block_ordering=block_ordering, started=started
+    )
     if isinstance(event, Held):
         # Kept across holds: how long a task has waited is measured from the first one.
         outcome.values["held_since"] = task.held_since or now
@@ -217,6 +231,7 @@ def _decide(
     policy: RetryPolicy,
     now: datetime,
     block_ordering: bool,
+    started: datetime | None = None,
 ) -> Transition:
     worker_id = task.worker_ids[-1] if task.worker_ids else None
     if isinstance(event, Succeeded):
@@ -237,14 +252,24 @@ def _decide(
         )
     if isinstance(event, Aborted):
         error = error_record(
-            event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
+            event.exception,
+            event.traceback,
+            attempt=task.attempt,
+            worker_id=worker_id,
+            at=now,
+            started_at=started,
         )
         reason = event.reason or f"{exception_path(event.exception)}: {describe(event.exception)}"
         blocks = block_ordering and not isinstance(event.exception, Cancelled)
         return _dead(task, error, reason, now, block=blocks)
 
     error = error_record(
-        event.exception, event.traceback, attempt=task.attempt, worker_id=worker_id, at=now
+        event.exception,
+        event.traceback,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        at=now,
+        started_at=started,
     )
     try:
         delay = next_delay(policy, task.attempt, now - task.enqueued_at, event.exception)

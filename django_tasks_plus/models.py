@@ -119,6 +119,8 @@ class TaskRecord(models.Model):
                 name="dtp_task_lease_idx",
             ),
             models.Index(fields=["status", "queue_name"], name="dtp_task_status_queue_idx"),
+            # The admin's task list, newest first, a page at a time without a sort.
+            models.Index(fields=["-enqueued_at", "-id"], name="dtp_task_enqueued_idx"),
             # Finding the head of an ordering key: earlier tasks of the same key.
             models.Index(
                 fields=["ordering_key", "sequence"],

@@ -584,3 +584,14 @@ def held_past_ttl(n: int) -> int:
         raise ConnectionError("ttl-host refused the connection")
     _append("ttl-ran", str(n))
     return n
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def fails_until_redriven(n: int) -> int:
+    """Dies on its first run (and leaves a marker); after a redrive it succeeds
+    (tests/test_browser.py)."""
+    marker = _marker(f"redrive-{n}")
+    if marker is not None and not marker.exists():
+        marker.touch()
+        raise RuntimeError(f"upstream refused order {n}; redrive me once it is back")
+    return n

@@ -23,17 +23,30 @@ ROOT = Path(django_tasks_plus.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "entry points",
-        (PACKAGE, "admin", "apps", "management"),
+        (PACKAGE, "admin", "apps", "management", "urls", "views"),
     ),
     ("worker", ("worker",)),
-    ("backend and app API", ("backend", "operations", "context", "circuits")),
+    (
+        "backend and app API",
+        ("backend", "operations", "context", "circuits", "selection", "metrics"),
+    ),
     ("enqueue and results", ("envelope", "results")),
     ("definitions, settings and seams", ("definition", "conf", "events", "middleware")),
     ("database boundary", ("db",)),
     ("tables", ("models",)),
     (
         "pure",
-        ("lifecycle", "retry", "schema", "doers", "codec", "stored", "limits", "breaker"),
+        (
+            "lifecycle",
+            "retry",
+            "schema",
+            "doers",
+            "codec",
+            "stored",
+            "limits",
+            "breaker",
+            "charts",
+        ),
     ),
     ("foundation", ("compat", "exceptions")),
 ]

@@ -133,3 +133,21 @@ def test_deferred_until():
     assert deferred_until(NOW, timedelta(seconds=5), None) == NOW + timedelta(seconds=5)
     later = NOW + timedelta(days=1)
     assert deferred_until(NOW, None, later) == later
+
+
+@pytest.mark.parametrize(
+    "event", [Failed(ValueError("bad")), Aborted(Abort("stop"))], ids=["failed", "aborted"]
+)
+def test_an_attempts_error_record_keeps_when_its_code_started(event):
+    began = NOW - timedelta(seconds=3)
+    outcome = transition(claimed(), event, policy=STEADY, now=NOW, started=began)
+    [error] = outcome.values["errors"]
+    assert error["started_at"] == began.isoformat()
+    assert error["at"] == NOW.isoformat()
+
+
+def test_an_error_record_without_a_start_has_no_started_at():
+    # The reaper settles an attempt it did not watch start.
+    outcome = transition(claimed(), Failed(ValueError("bad")), policy=STEADY, now=NOW)
+    [error] = outcome.values["errors"]
+    assert "started_at" not in error

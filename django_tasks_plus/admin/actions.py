@@ -1,0 +1,144 @@
+"""The operator's actions on tasks (redrive, cancel, release the ordering key), applied
+row by row through the backend, and recorded in the admin log under the acting user.
+
+The same code serves the change-list actions, the buttons of a task's page and "all
+matching the current filter": each row goes through ``operations.redrive`` (or
+``cancel`` / ``discard``), so the admin does exactly what app code and the management
+commands do, events included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import ngettext
+
+from .. import operations
+from ..compat import InvalidTaskBackend, TaskResultDoesNotExist, TaskResultStatus
+from ..exceptions import TasksPlusError
+from ..models import TaskRecord
+
+BATCH = 500
+LOADED = ("id", "backend_name", "task_path", "status", "queue_name")
+
+
+def _cancel(task_id: str, *, backend: str) -> bool:
+    return operations.cancel(task_id, backend=backend).outcome != "already_finished"
+
+
+def _left_alone(done: int, skipped: int, one: str, many: str) -> str:
+    return " " + ngettext(one, many, skipped) % skipped if skipped else ""
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One kind of action: who may do it, to which rows, and how it reads afterwards."""
+
+    name: str
+    codename: str  # the permission, in this app
+    verb: str  # for the admin log: "Redriven from the admin."
+    run: Callable[..., bool]  # (task id, *, backend) -> whether the row changed
+    statuses: tuple[str, ...]  # the rows it can change
+    done: tuple[str, str]  # ngettext pair
+    skipped: tuple[str, str]
+
+    def summary(self, done: int, skipped: int) -> str:
+        return ngettext(*self.done, done) % done + _left_alone(done, skipped, *self.skipped)
+
+    def allowed(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{TaskRecord._meta.app_label}.{self.codename}")
+
+
+REDRIVE = Operation(
+    "redrive",
+    "redrive_taskrecord",
+    "Redriven",
+    operations.redrive,
+    (TaskResultStatus.FAILED,),
+    ("%d task redriven.", "%d tasks redriven."),
+    (
+        "%d was not dead-lettered and was left alone.",
+        "%d were not dead-lettered and were left alone.",
+    ),
+)
+CANCEL = Operation(
+    "cancel",
+    "cancel_taskrecord",
+    "Cancelled",
+    _cancel,
+    (TaskResultStatus.READY, TaskResultStatus.RUNNING),
+    ("%d task cancelled (or asked to stop).", "%d tasks cancelled (or asked to stop)."),
+    ("%d had already finished.", "%d had already finished."),
+)
+DISCARD = Operation(
+    "discard",
+    "discard_taskrecord",
+    "Discarded",
+    operations.discard,
+    (TaskResultStatus.FAILED,),
+    ("%d ordering key released.", "%d ordering keys released."),
+    ("%d task blocked no key.", "%d tasks blocked no key."),
+)
+BY_NAME = {operation.name: operation for operation in (REDRIVE, CANCEL, DISCARD)}
+
+
+@dataclass
+class Outcome:
+    done: int = 0
+    skipped: int = 0
+    problems: list[str] | None = None
+
+
+def apply(
+    request: HttpRequest, operation: Operation, records: Iterable[TaskRecord], *, note: str = ""
+) -> Outcome:
+    """Run ``operation`` on each record; log the changed ones under ``request.user``,
+    with ``note`` (e.g. the filter that selected them) after the verb."""
+    outcome = Outcome(problems=[])
+    changed: list[TaskRecord] = []
+    message = f"{operation.verb} from the admin{note}."
+    for record in records:
+        try:
+            did = operation.run(str(record.pk), backend=record.backend_name)
+        except (TasksPlusError, InvalidTaskBackend, TaskResultDoesNotExist) as exc:
+            assert outcome.problems is not None
+            outcome.problems.append(f"{record.pk}: {exc}")
+            continue
+        if did:
+            outcome.done += 1
+            changed.append(record)
+            if len(changed) >= BATCH:
+                _log(request, changed, message)
+                changed = []
+        else:
+            outcome.skipped += 1
+    _log(request, changed, message)
+    return outcome
+
+
+def _log(request: HttpRequest, records: list[TaskRecord], message: str) -> None:
+    if records:
+        LogEntry.objects.log_actions(
+            user_id=cast(Any, request.user.pk),
+            queryset=records,
+            action_flag=CHANGE,
+            change_message=message,
+        )
+
+
+def in_batches(queryset: QuerySet[TaskRecord]) -> Iterator[TaskRecord]:
+    """Every row of ``queryset``, ``BATCH`` at a time in primary-key order (keyset
+    pagination): rows that stop matching once acted on do not shift the next batch."""
+    rows = queryset.only(*LOADED).order_by("pk")
+    last: Any = None
+    while True:
+        batch = list((rows if last is None else rows.filter(pk__gt=last))[:BATCH])
+        yield from batch
+        if len(batch) < BATCH:
+            return
+        last = batch[-1].pk

@@ -1,0 +1,262 @@
+"""The overview page: what is waiting, running and dead per queue, throughput and failure
+rate, latency percentiles, workers and circuits, with server-rendered SVG charts.
+
+Everything comes from the metrics read API (``metrics/queries.py``) and
+``circuits.breaker_states``: gauges are counted from the task table by indexed queries,
+rates and latencies from the per-minute metrics table. It is an extra URL of the task
+admin (``TaskRecordAdmin.get_urls``), so it has the admin's login, look and the task
+list's view permission. See docs/admin.md, "The overview".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext as _
+
+from .. import charts, circuits, metrics
+from ..metrics.aggregate import enabled_targets
+from ..metrics.catalog import BUCKETS
+from . import display
+from .filters import configured_backends
+
+TEMPLATE = "admin/django_tasks_plus/overview.html"
+URL_NAME = "django_tasks_plus_taskrecord_overview"
+HOUR, DAY = timedelta(hours=1), timedelta(days=1)
+EMPTY = "-"  # as Django's empty_value_display
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Counters over one window, as the throughput table shows them."""
+
+    label: str
+    minutes: int
+    counters: dict[str, int]
+
+    @property
+    def finished_attempts(self) -> int:
+        return self.counters["succeeded"] + self.counters["attempt_failed"]
+
+    @property
+    def failure_rate(self) -> str:
+        """Failed attempts over finished attempts; "-" when none finished."""
+        done = self.finished_attempts
+        if not done:
+            return EMPTY
+        return f"{100 * self.counters['attempt_failed'] / done:.1f} %"
+
+    @property
+    def per_minute_succeeded(self) -> str:
+        return f"{self.counters['succeeded'] / self.minutes:.1f}"
+
+
+def overview_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """The page; the caller wraps it in ``admin_site.admin_view`` (login, staff)."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    backends = sorted(configured_backends())
+    backend = request.GET.get("backend") or (backends[0] if backends else "")
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "title": _("Tasks overview"),
+        "subtitle": None,
+        "backends": backends,
+        "backend": backend,
+        "media": model_admin.media,
+    }
+    if backend not in backends:
+        context["problem"] = (
+            _("There is no django-tasks-plus backend named %(name)r in TASKS.") % {"name": backend}
+            if backend
+            else _("No TASKS entry uses django_tasks_plus.backend.DatabaseBackend.")
+        )
+    else:
+        context.update(
+            build(
+                backend,
+                timezone.now(),
+                model_admin.admin_site.name,
+                filter_backend=len(backends) > 1,
+            )
+        )
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def build(
+    backend: str, now: datetime, site: str = "admin", *, filter_backend: bool = False
+) -> dict[str, Any]:
+    """The page's numbers and charts for one backend, read now. ``filter_backend``: the
+    links to the task list name the backend (when there are several)."""
+    links = _Links(site, backend if filter_backend else None)
+    gauges = metrics.queue_gauges(backend, now=now)
+    workers = metrics.workers(backend, now=now)
+    circuits_open = [b for b in circuits.breaker_states(backend) if b.state != "closed"]
+    context: dict[str, Any] = {
+        "queues": [_queue_row(gauge, links) for gauge in gauges],
+        "queue_totals": {
+            name: sum(getattr(g, name) for g in gauges)
+            for name in ("ready", "scheduled", "running", "dead")
+        },
+        "workers_alive": sum(1 for w in workers if w.alive),
+        "workers_stale": sum(1 for w in workers if not w.alive),
+        "workers_url": reverse(f"{site}:django_tasks_plus_workerrecord_changelist"),
+        "breakers": circuits_open,
+        "breakers_url": reverse(f"{site}:django_tasks_plus_breakerrecord_changelist"),
+        "metrics_enabled": backend in enabled_targets(),
+    }
+    if not context["metrics_enabled"]:
+        return context
+    windows = [
+        Window(_("last hour"), 60, metrics.counter_totals(backend, HOUR, now=now)),
+        Window(_("last day"), 24 * 60, metrics.counter_totals(backend, DAY, now=now)),
+    ]
+    latency = {
+        kind: metrics.histogram(backend, kind, HOUR, now=now) for kind in metrics.HISTOGRAM_NAMES
+    }
+    context.update(
+        windows=windows,
+        latency=[
+            {
+                "label": {"wait": _("wait (due → start)"), "run": _("run (start → end)")}[kind],
+                "count": found.count,
+                "p50": _seconds(found.quantile(0.5)),
+                "p95": _seconds(found.quantile(0.95)),
+            }
+            for kind, found in latency.items()
+        ],
+        charts=[
+            _throughput_chart(backend, now, HOUR, 60, "dtp-chart-hour"),
+            # Whole clock hours: the bars of the day chart start on the hour.
+            _throughput_chart(backend, now, _hours_back(now, 23), 3600, "dtp-chart-day"),
+            *(_latency_chart(kind, found) for kind, found in latency.items()),
+        ],
+    )
+    return context
+
+
+@dataclass(frozen=True, slots=True)
+class _Links:
+    site: str
+    backend: str | None
+
+    def _url(self, page: str, filters: dict[str, str]) -> str:
+        query = {"backend_name": self.backend, **filters} if self.backend else filters
+        return reverse(f"{self.site}:django_tasks_plus_taskrecord_{page}") + "?" + urlencode(query)
+
+    def tasks(self, **filters: str) -> str:
+        return self._url("changelist", filters)
+
+    def dead(self, queue: str) -> str:
+        return self._url("deadletters", {"queue_name": queue})
+
+
+def _queue_row(gauge: metrics.QueueGauge, links: _Links) -> dict[str, Any]:
+    return {
+        "queue": gauge.queue,
+        "ready": gauge.ready,
+        "scheduled": gauge.scheduled,
+        "running": gauge.running,
+        "dead": gauge.dead,
+        "oldest": _seconds(gauge.oldest_ready_age),
+        "ready_url": links.tasks(queue_name=gauge.queue, status__exact="READY"),
+        "running_url": links.tasks(queue_name=gauge.queue, status__exact="RUNNING"),
+        "dead_url": links.dead(gauge.queue),
+    }
+
+
+def _seconds(value: float | None) -> str:
+    return EMPTY if value is None else display.duration(value)
+
+
+def _hours_back(now: datetime, hours: int) -> datetime:
+    """The start of the clock hour ``hours`` before the current one (in UTC; whole-hour
+    time zones see their own hours)."""
+    return (now - timedelta(hours=hours)).replace(minute=0, second=0, microsecond=0)
+
+
+def _throughput_chart(
+    backend: str, now: datetime, since: timedelta | datetime, step: int, chart_id: str
+) -> dict[str, Any]:
+    """Succeeded and failed attempts per step, stacked."""
+    succeeded = metrics.rate_series(backend, "succeeded", since, step, now=now)
+    failed = metrics.rate_series(backend, "attempt_failed", since, step, now=now)
+    per = _("minute") if step == 60 else _("hour")
+    fmt = "H:i"
+    labels = [date_format(timezone.localtime(start), fmt) for start, _count in succeeded]
+    title = _("Attempts per minute, last hour") if step == 60 else _("Attempts per hour, last day")
+    first, last = labels[0], labels[-1]
+    description = _(
+        "Stacked bars from %(first)s to %(last)s (%(tz)s): succeeded %(ok)d, "
+        "failed %(failed)d attempts in all. The last bar is the current, partial %(per)s."
+    ) % {
+        "first": first,
+        "last": last,
+        "tz": timezone.get_current_timezone_name(),
+        "ok": sum(v for _s, v in succeeded),
+        "failed": sum(v for _s, v in failed),
+        "per": per,
+    }
+    return _chart(
+        title,
+        chart_id,
+        charts.bar_chart(
+            chart_id=chart_id,
+            title=title,
+            description=description,
+            labels=labels,
+            series=[
+                charts.Series(_("succeeded"), [v for _s, v in succeeded], "ok"),
+                charts.Series(_("failed"), [v for _s, v in failed], "failed"),
+            ],
+            unit=_("attempts / %(per)s") % {"per": per},
+        ),
+    )
+
+
+def _latency_chart(kind: str, found: metrics.Histogram) -> dict[str, Any]:
+    """How many attempts fell in each histogram bucket over the last hour."""
+    chart_id = f"dtp-chart-{kind}"
+    title = {
+        "wait": _("Wait from due to start, last hour"),
+        "run": _("Run time, last hour"),
+    }[kind]
+    labels = [charts.duration_label(b) for b in (*BUCKETS, float("inf"))]
+    description = _(
+        "Attempts per latency bucket, each bar up to the bound under it: %(count)d "
+        "observations, median %(p50)s, 95th percentile %(p95)s."
+    ) % {
+        "count": found.count,
+        "p50": _seconds(found.quantile(0.5)),
+        "p95": _seconds(found.quantile(0.95)),
+    }
+    return _chart(
+        title,
+        chart_id,
+        charts.bar_chart(
+            chart_id=chart_id,
+            title=title,
+            description=description,
+            labels=labels,
+            series=[charts.Series(_("attempts"), list(found.buckets), "primary")],
+            unit=_("attempts ≤ bound"),
+        ),
+    )
+
+
+def _chart(title: str, chart_id: str, svg: str) -> dict[str, Any]:
+    # charts.bar_chart escapes every text it writes.
+    markup: SafeString = mark_safe(svg)
+    return {"title": title, "id": chart_id, "svg": markup}

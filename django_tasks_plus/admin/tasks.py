@@ -1,0 +1,599 @@
+"""The task pages: the queue (the change list), the dead letters, and one task's page.
+
+The list loads no JSON column but ``errors`` as text (for the attempt counts and the last
+error), and never counts the whole table (``paginator.py``). Actions are POSTs with
+Django's CSRF check, each behind its own permission (``actions.py``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_POST
+
+from ..breaker import split_scoped_key
+from ..compat import TaskResultStatus
+from ..models import BreakerRecord, TaskRecord
+from ..stored import error_list
+from . import actions as ops
+from . import display, html, overview
+from .base import ReadOnlyAdmin
+from .filters import (
+    BackendFilter,
+    BreakerKeyFilter,
+    DedupKeyFilter,
+    EnqueuedFilter,
+    FinishedFilter,
+    OrderingKeyFilter,
+    QueueFilter,
+    TaskPathFilter,
+    WorkerFilter,
+)
+from .paginator import EstimatedCountPaginator
+from .queries import blocker_of, same_ordering_key
+
+_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids")
+DEAD_LETTERS = "django_tasks_plus_taskrecord_deadletters"
+CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
+# Query parameters that are not filters (page, ordering, facets, error flag).
+NOT_FILTERS = {"p", "o", "_facets", "e", "all", "q"}
+
+
+def _errors(record: TaskRecord) -> tuple[Any, ...]:
+    """The record's errors: from the list's text annotation, or the loaded column."""
+    cached = getattr(record, "_dtp_errors", None)
+    if cached is None:
+        raw = getattr(record, "errors_text", None)
+        if raw is None and "errors" in record.__dict__:
+            raw = record.errors
+        cached = error_list(raw) if raw is not None else ()
+        record._dtp_errors = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _is_dead_view(request: HttpRequest) -> bool:
+    return bool(getattr(request, "_dtp_dead_letters", False))
+
+
+def describe_filter(params: dict[str, list[str]]) -> str:
+    """The filter a page shows, as ``name=value`` pairs for messages and the log."""
+    shown = [
+        f"{name}={value}"
+        for name, values in sorted(params.items())
+        if name not in NOT_FILTERS
+        for value in values
+        if value != ""
+    ]
+    return ", ".join(shown) if shown else "no filter"
+
+
+class TaskRecordAdmin(ReadOnlyAdmin):
+    change_list_template = "admin/django_tasks_plus/taskrecord/change_list.html"
+    change_form_template = "admin/django_tasks_plus/taskrecord/change_form.html"
+    list_display = (
+        "short_id",
+        "task",
+        "queue",
+        "status_badge",
+        "attempts",
+        "enqueued",
+        "timing",
+        "finished",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (
+        "status",
+        QueueFilter,
+        TaskPathFilter,
+        OrderingKeyFilter,
+        DedupKeyFilter,
+        BreakerKeyFilter,
+        WorkerFilter,
+        EnqueuedFilter,
+        FinishedFilter,
+        BackendFilter,
+    )
+    search_fields = ("=id",)
+    search_help_text = _("A task's full id.")
+    ordering = ("-enqueued_at",)
+    list_per_page = 50
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False  # COUNT(*) over a large queue is slow
+    actions = ("redrive_tasks", "cancel_tasks", "discard_tasks")
+
+    # -- the lists ------------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskRecord]:
+        """The lists show no JSON column but the errors, read as text: nothing is parsed
+        by the database driver, so one hostile row (JSON nested deeper than Python's
+        parser goes) cannot make the whole list fail (``stored.error_list`` keeps it)."""
+        queryset = super().get_queryset(request)
+        match = getattr(request, "resolver_match", None)
+        listing = match is not None and (match.url_name or "").endswith(
+            ("_changelist", "_deadletters", "_matching")
+        )
+        if listing or _is_dead_view(request):
+            queryset = queryset.defer(*_JSON_COLUMNS).annotate(
+                errors_text=Cast("errors", TextField())
+            )
+        if _is_dead_view(request):
+            queryset = queryset.filter(status=TaskResultStatus.FAILED)
+        return queryset
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        if _is_dead_view(request):
+            return ("short_id", "task", "queue", "attempts", "finished", "reason", "last_error")
+        return self.list_display
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        if _is_dead_view(request):
+            return [spec for spec in self.list_filter if spec != "status"]
+        return self.list_filter
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        return ("-finished_at",) if _is_dead_view(request) else self.ordering
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {
+            "dead_letters_url": reverse("admin:" + DEAD_LETTERS),
+            "dead_letters": _is_dead_view(request),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    # -- columns --------------------------------------------------------------------------
+
+    @admin.display(description=_("id"), ordering="id")
+    def short_id(self, record: TaskRecord) -> Any:
+        return format_html(
+            '<code class="dtp-id" title="{}">{}</code>', record.pk, display.short_id(record.pk)
+        )
+
+    @admin.display(description=_("task"), ordering="task_path")
+    def task(self, record: TaskRecord) -> Any:
+        module, _dot, name = record.task_path.rpartition(".")
+        return format_html(
+            '<span class="dtp-path" title="{}">{}<wbr>.{}</span>',
+            record.task_path,
+            module,
+            name,
+        )
+
+    @admin.display(description=_("queue"), ordering="queue_name")
+    def queue(self, record: TaskRecord) -> Any:
+        return record.queue_name
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_badge(self, record: TaskRecord) -> Any:
+        if record.status == TaskResultStatus.READY and record.held_since is not None:
+            return format_html("{} {}", html.badge(record.status), html.badge("held", "held"))
+        return html.badge(record.status)
+
+    @admin.display(description=_("attempts"), ordering="attempt")
+    def attempts(self, record: TaskRecord) -> Any:
+        """This run's attempts, and the total across redrives when they differ."""
+        total = display.total_attempts(record.status, record.attempt, _errors(record))
+        if total == record.attempt:
+            return str(record.attempt)
+        return format_html(
+            '<span title="{}">{} / {}</span>',
+            _("this run / in total (redriven)"),
+            record.attempt,
+            total,
+        )
+
+    @admin.display(description=_("enqueued"), ordering="enqueued_at")
+    def enqueued(self, record: TaskRecord) -> Any:
+        return html.moment(record.enqueued_at)
+
+    @admin.display(description=_("when"), ordering="run_after")
+    def timing(self, record: TaskRecord) -> Any:
+        return format_html('<span class="dtp-note">{}</span>', self._note(record, timezone.now()))
+
+    @admin.display(description=_("finished"), ordering="finished_at")
+    def finished(self, record: TaskRecord) -> Any:
+        return html.moment(record.finished_at)
+
+    @admin.display(description=_("dead-letter reason"))
+    def reason(self, record: TaskRecord) -> Any:
+        return format_html('<span class="dtp-reason">{}</span>', record.dead_letter_reason)
+
+    @admin.display(description=_("last error"))
+    def last_error(self, record: TaskRecord) -> Any:
+        errors = _errors(record)
+        if not errors:
+            return html.EMPTY
+        last = errors[-1]
+        return format_html(
+            '<code class="dtp-exc">{}</code><br><span class="dtp-note">{}</span>',
+            str(last.get("exception_class_path") or ""),
+            display.error_message(last)[:300],
+        )
+
+    @staticmethod
+    def _note(record: TaskRecord, now: datetime) -> str:
+        return display.waiting_note(
+            record.status,
+            attempt=record.attempt,
+            run_after=record.run_after,
+            enqueued_at=record.enqueued_at,
+            last_attempted_at=record.last_attempted_at,
+            finished_at=record.finished_at,
+            held_since=record.held_since,
+            now=now,
+        )
+
+    # -- the task's page -----------------------------------------------------------------
+
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "task_path",
+                    "backend_name",
+                    "queue_name",
+                    "priority",
+                    "status_line",
+                    "dead_letter_reason",
+                )
+            },
+        ),
+        (_("Call"), {"fields": ("args_json", "kwargs_json", "return_json")}),
+        (
+            _("Timeline"),
+            {
+                "fields": (
+                    "enqueued_line",
+                    "requested_line",
+                    "run_after_line",
+                    "started_line",
+                    "last_attempted_line",
+                    "finished_line",
+                )
+            },
+        ),
+        (_("Lease"), {"fields": ("attempts", "lease_line", "cancel_requested")}),
+        (_("Keys"), {"fields": ("ordering_line", "dedup_line", "breaker_line")}),
+    )
+    readonly_fields = (
+        "status_line",
+        "args_json",
+        "kwargs_json",
+        "return_json",
+        "enqueued_line",
+        "requested_line",
+        "run_after_line",
+        "started_line",
+        "last_attempted_line",
+        "finished_line",
+        "attempts",
+        "lease_line",
+        "ordering_line",
+        "dedup_line",
+        "breaker_line",
+    )
+
+    @admin.display(description=_("status"))
+    def status_line(self, record: TaskRecord) -> Any:
+        return format_html(
+            '{} <span class="dtp-note">{}</span>',
+            self.status_badge(record),
+            self._note(record, timezone.now()),
+        )
+
+    @admin.display(description=_("args"))
+    def args_json(self, record: TaskRecord) -> Any:
+        return html.pretty_json(record.args)
+
+    @admin.display(description=_("kwargs"))
+    def kwargs_json(self, record: TaskRecord) -> Any:
+        return html.pretty_json(record.kwargs)
+
+    @admin.display(description=_("return value"))
+    def return_json(self, record: TaskRecord) -> Any:
+        if record.status != TaskResultStatus.SUCCESSFUL:
+            return html.EMPTY
+        return html.pretty_json(record.return_value)
+
+    @admin.display(description=_("enqueued at"))
+    def enqueued_line(self, record: TaskRecord) -> Any:
+        return html.moment(record.enqueued_at)
+
+    @admin.display(description=_("requested run after"))
+    def requested_line(self, record: TaskRecord) -> Any:
+        return html.moment(record.requested_run_after)
+
+    @admin.display(description=_("run after"))
+    def run_after_line(self, record: TaskRecord) -> Any:
+        return html.moment(record.run_after)
+
+    @admin.display(description=_("first started at"))
+    def started_line(self, record: TaskRecord) -> Any:
+        return html.moment(record.started_at)
+
+    @admin.display(description=_("last attempt started at"))
+    def last_attempted_line(self, record: TaskRecord) -> Any:
+        return html.moment(record.last_attempted_at)
+
+    @admin.display(description=_("finished at"))
+    def finished_line(self, record: TaskRecord) -> Any:
+        return html.moment(record.finished_at)
+
+    @admin.display(description=_("lease"))
+    def lease_line(self, record: TaskRecord) -> Any:
+        if not record.lease_token:
+            return html.EMPTY
+        return format_html(
+            "<code>{}</code>, expires {}",
+            record.lease_token,
+            html.moment(record.lease_expires_at),
+        )
+
+    @admin.display(description=_("ordering key"))
+    def ordering_line(self, record: TaskRecord) -> Any:
+        if record.ordering_key is None:
+            return html.EMPTY
+        url = reverse(CHANGELIST) + "?" + urlencode({"ordering_key": record.ordering_key})
+        blocked = _(" (dead, blocks its key)") if record.ordering_blocked else ""
+        return format_html(
+            '<code>{}</code>{} · sequence {} · <a href="{}">all tasks of this key</a>',
+            record.ordering_key,
+            blocked,
+            record.sequence,
+            url,
+        )
+
+    @admin.display(description=_("dedup key"))
+    def dedup_line(self, record: TaskRecord) -> Any:
+        if record.dedup_key is None:
+            return html.EMPTY
+        url = reverse(CHANGELIST) + "?" + urlencode({"dedup_key": record.dedup_key})
+        return format_html(
+            '<code>{}</code> · <a href="{}">tasks with this key</a>', record.dedup_key, url
+        )
+
+    @admin.display(description=_("circuit breaker"))
+    def breaker_line(self, record: TaskRecord) -> Any:
+        if record.breaker_key is None:
+            return html.EMPTY
+        name, key = split_scoped_key(record.breaker_key)
+        breaker = (
+            BreakerRecord.objects.filter(backend_name=record.backend_name, name=name, key=key)
+            .only("pk", "state")
+            .first()
+        )
+        shown: Any = format_html("<code>{}</code>", record.breaker_key)
+        if breaker is not None:
+            url = reverse("admin:django_tasks_plus_breakerrecord_change", args=[breaker.pk])
+            shown = format_html('<a href="{}">{}</a> ({})', url, shown, breaker.state)
+        if record.held_since is None or record.status != TaskResultStatus.READY:
+            return shown
+        return format_html(
+            "held by breaker {} since {}", shown, html.moment(record.held_since, relative=True)
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        record = self.get_object(request, unquote(object_id))
+        context = dict(extra_context or {})
+        if record is not None and self.has_view_permission(request, record):
+            context.update(self._page_context(request, record))
+        return super().change_view(request, object_id, form_url, context)
+
+    def _page_context(self, request: HttpRequest, record: TaskRecord) -> dict[str, Any]:
+        now = timezone.now()
+        from ..stored import worker_id_list
+
+        errors = _errors(record)
+        same_key, key_total = same_ordering_key(record)
+        blocker = blocker_of(record)
+        buttons = [
+            {
+                "label": label,
+                "url": reverse(
+                    "admin:django_tasks_plus_taskrecord_act", args=[record.pk, operation.name]
+                ),
+            }
+            for operation, label, applies in (
+                (ops.REDRIVE, _("Redrive"), record.status == TaskResultStatus.FAILED),
+                (
+                    ops.CANCEL,
+                    _("Cancel task"),
+                    record.status in (TaskResultStatus.READY, TaskResultStatus.RUNNING),
+                ),
+                (ops.DISCARD, _("Release ordering key"), record.ordering_blocked),
+            )
+            if applies and operation.allowed(request)
+        ]
+        release = None
+        if blocker is not None and blocker.ordering_blocked and ops.DISCARD.allowed(request):
+            release = reverse(
+                "admin:django_tasks_plus_taskrecord_act", args=[blocker.pk, ops.DISCARD.name]
+            )
+        return {
+            "attempt_rows": display.attempt_rows(
+                status=record.status,
+                attempt=record.attempt,
+                errors=errors,
+                worker_ids=worker_id_list(record.worker_ids),
+                last_attempted_at=record.last_attempted_at,
+                finished_at=record.finished_at,
+                now=now,
+            ),
+            "other_errors": display.uncounted_errors(errors),
+            "blocker": blocker,
+            "blocker_link": html.task_link(blocker.pk) if blocker else None,
+            "release_url": release,
+            "same_key": same_key,
+            "same_key_total": key_total,
+            "same_key_url": (
+                reverse(CHANGELIST) + "?" + urlencode({"ordering_key": record.ordering_key})
+                if record.ordering_key
+                else None
+            ),
+            "task_buttons": buttons,
+        }
+
+    # -- actions --------------------------------------------------------------------------
+
+    def has_redrive_permission(self, request: HttpRequest) -> bool:
+        return ops.REDRIVE.allowed(request)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return ops.CANCEL.allowed(request)
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return ops.DISCARD.allowed(request)
+
+    @admin.action(description=_("Redrive selected dead-lettered tasks"), permissions=["redrive"])
+    def redrive_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.REDRIVE, queryset)
+
+    @admin.action(description=_("Cancel selected tasks"), permissions=["cancel"])
+    def cancel_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.CANCEL, queryset)
+
+    @admin.action(
+        description=_("Release the ordering keys held by selected dead tasks"),
+        permissions=["discard"],
+    )
+    def discard_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.DISCARD, queryset)
+
+    def _apply(
+        self,
+        request: HttpRequest,
+        operation: ops.Operation,
+        queryset: QuerySet[TaskRecord],
+        note: str = "",
+    ) -> None:
+        outcome = ops.apply(request, operation, ops.in_batches(queryset), note=note)
+        for problem in outcome.problems or ():
+            self.message_user(request, problem, messages.ERROR)
+        self.message_user(
+            request, operation.summary(outcome.done, outcome.skipped), messages.SUCCESS
+        )
+
+    # -- extra pages ----------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            # The overview page (admin/overview.py), linked from the app index.
+            path("overview/", wrap(self.overview_view), name=overview.URL_NAME),
+            path("dead-letters/", wrap(self.dead_letters_view), name=DEAD_LETTERS),
+            path(
+                "dead-letters/<str:operation>-matching/",
+                wrap(self.matching_view),
+                name="django_tasks_plus_taskrecord_matching",
+            ),
+            path(
+                "<path:object_id>/act/<str:operation>/",
+                wrap(require_POST(self.act_view)),
+                name="django_tasks_plus_taskrecord_act",
+            ),
+            *super().get_urls(),
+        ]
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        return overview.overview_view(self, request)
+
+    def dead_letters_view(self, request: HttpRequest) -> HttpResponse:
+        """The FAILED tasks, newest first, with reason and last error; the list's own
+        filters, search and actions, plus "all matching" redrive and release."""
+        request._dtp_dead_letters = True  # type: ignore[attr-defined]
+        query = request.GET.urlencode()
+        context = {
+            "title": _("Dead letters"),
+            "subtitle": None,
+            "matching_links": [
+                {
+                    "label": label,
+                    "url": reverse(
+                        "admin:django_tasks_plus_taskrecord_matching", args=[operation.name]
+                    )
+                    + (f"?{query}" if query else ""),
+                }
+                for operation, label in (
+                    (ops.REDRIVE, _("Redrive all matching…")),
+                    (ops.DISCARD, _("Release keys of all matching…")),
+                )
+                if operation.allowed(request)
+            ],
+        }
+        return self.changelist_view(request, context)
+
+    def matching_view(self, request: HttpRequest, operation: str) -> HttpResponse:
+        """Redrive (or release) every dead task the dead-letter page's current filter
+        matches: GET asks, showing how many; POST (with the CSRF token) does it."""
+        chosen = ops.BY_NAME.get(operation)
+        if chosen is None or chosen is ops.CANCEL:
+            raise Http404(f"No such bulk action: {operation!r}.")
+        if not (self.has_view_permission(request) and chosen.allowed(request)):
+            raise PermissionDenied
+        request._dtp_dead_letters = True  # type: ignore[attr-defined]
+        changelist = self.get_changelist_instance(request)
+        matching = changelist.get_queryset(request)
+        if chosen is ops.DISCARD:
+            matching = matching.filter(ordering_blocked=True)
+        described = describe_filter(dict(request.GET.lists()))
+        if changelist.query:
+            described = f"search {changelist.query!r}, {described}"
+        back = reverse("admin:" + DEAD_LETTERS) + (
+            f"?{request.GET.urlencode()}" if request.GET else ""
+        )
+        if request.method == "POST":
+            count = matching.count()
+            note = f": all {count} dead task(s) matching {described}"
+            self._apply(request, chosen, matching, note=note)
+            return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Are you sure?"),
+            "operation": chosen,
+            "count": matching.count(),
+            "described": described,
+            "back_url": back,
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request, "admin/django_tasks_plus/taskrecord/confirm_matching.html", context
+        )
+
+    def act_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        """One task's button: redrive, cancel or release, then back to its page."""
+        chosen = ops.BY_NAME.get(operation)
+        if chosen is None:
+            raise Http404(f"No such action: {operation!r}.")
+        record = self.get_object(request, unquote(object_id))
+        if record is None:
+            raise Http404(f"No task {object_id!r}.")
+        if not (self.has_view_permission(request, record) and chosen.allowed(request)):
+            raise PermissionDenied
+        self._apply(request, chosen, TaskRecord.objects.filter(pk=record.pk))
+        return HttpResponseRedirect(
+            reverse("admin:django_tasks_plus_taskrecord_change", args=[record.pk])
+        )

@@ -1,0 +1,175 @@
+"""The admin overview (admin/overview.py): gauges, throughput, latency, workers and
+circuits, with SVG charts, from a real ``runtasks`` run; empty; and who may see it."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from django_tasks_plus import circuits, metrics
+from django_tasks_plus.models import WorkerRecord
+from tests import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OVERVIEW = "admin:django_tasks_plus_taskrecord_overview"
+SVG_RE = re.compile(r'<svg class="dtp-chart".*?</svg>', re.S)
+
+
+def overview(client: Client, query: str = ""):
+    return client.get(reverse(OVERVIEW) + query)
+
+
+def svgs(response) -> list[ET.Element]:
+    return [ET.fromstring(markup) for markup in SVG_RE.findall(response.content.decode())]
+
+
+def test_empty_overview_shows_zeros_and_empty_charts(admin_client):
+    response = overview(admin_client)
+    assert response.status_code == 200
+    context = response.context
+    assert [row["queue"] for row in context["queues"]] == ["default", "emails", "slow", "other"]
+    assert all(
+        row[name] == 0
+        for row in context["queues"]
+        for name in ("ready", "scheduled", "running", "dead")
+    )
+    assert context["queue_totals"] == {"ready": 0, "scheduled": 0, "running": 0, "dead": 0}
+    assert (context["workers_alive"], context["workers_stale"]) == (0, 0)
+    assert context["breakers"] == []
+    assert [w.failure_rate for w in context["windows"]] == ["-", "-"]
+    assert [(row["p50"], row["p95"]) for row in context["latency"]] == [("-", "-"), ("-", "-")]
+    charts = svgs(response)
+    assert [c.get("id") for c in charts] == [
+        "dtp-chart-hour",
+        "dtp-chart-day",
+        "dtp-chart-wait",
+        "dtp-chart-run",
+    ]
+    assert response.content.decode().count("No data in this window") == 4
+    assert "Every circuit is closed." in response.content.decode()
+
+
+def test_overview_with_a_real_worker_run(admin_client, run_worker):
+    for n in range(3):
+        tasks.add.enqueue(n, 1)
+    tasks.always_fails.enqueue("the disk is full")  # 3 attempts (NO_WAIT), then dead
+    later = timezone.now() + timedelta(hours=1)
+    tasks.add.using(run_after=later).enqueue(9, 9)  # scheduled
+    tasks.echo.enqueue("waits")  # queue "other", READY and due: the worker serves "default"
+    assert run_worker("--burst", "--queue", "default").returncode == 0
+    metrics.flush()  # this process's enqueue counts
+    circuits.force_open("api.example.com", name="http")
+    now = timezone.now()
+    WorkerRecord.objects.create(
+        worker_id="gone:1:x",
+        backend_name="default",
+        hostname="gone",
+        pid=1,
+        queues=["default"],
+        concurrency=1,
+        started_at=now - timedelta(hours=1),
+        last_heartbeat_at=now - timedelta(minutes=30),
+    )
+
+    response = overview(admin_client)
+    assert response.status_code == 200
+    context = response.context
+    rows = {row["queue"]: row for row in context["queues"]}
+    assert (rows["default"]["ready"], rows["default"]["scheduled"]) == (0, 1)
+    assert (rows["default"]["running"], rows["default"]["dead"]) == (0, 1)
+    assert rows["other"]["ready"] == 1 and rows["other"]["oldest"] != "-"
+    assert rows["default"]["oldest"] == "-"
+    assert rows["default"]["dead_url"].endswith("dead-letters/?queue_name=default")
+    assert "status__exact=READY" in rows["other"]["ready_url"]
+
+    hour, day = context["windows"]
+    for window in (hour, day):
+        assert window.counters["enqueued"] == 6
+        assert window.counters["succeeded"] == 3
+        assert window.counters["attempt_failed"] == 3
+        assert window.counters["retried"] == 2
+        assert window.counters["dead_lettered"] == 1
+        assert window.failure_rate == "50.0 %"
+    assert [row["count"] for row in context["latency"]] == [6, 6]  # wait, run
+    assert all(row["p50"] != "-" and row["p95"] != "-" for row in context["latency"])
+
+    assert (context["workers_alive"], context["workers_stale"]) == (0, 1)
+    assert [(b.name, b.key, b.state) for b in context["breakers"]] == [
+        ("http", "api.example.com", "open")
+    ]
+
+    page = response.content.decode()
+    assert "No data in this window" not in page
+    hour_chart, day_chart, wait_chart, run_chart = svgs(response)
+    ns = "{http://www.w3.org/2000/svg}"
+    assert "succeeded 3, failed 3" in hour_chart.find(f"{ns}desc").text
+    assert "succeeded 3, failed 3" in day_chart.find(f"{ns}desc").text
+    ok = [r for r in hour_chart.iter(f"{ns}rect") if r.get("class") == "dtp-chart-ok"]
+    failed = [r for r in hour_chart.iter(f"{ns}rect") if r.get("class") == "dtp-chart-failed"]
+    assert ok and failed  # drawn, in the minute(s) the worker ran
+    for chart in (wait_chart, run_chart):
+        drawn = [r for r in chart.iter(f"{ns}rect") if r.get("class") == "dtp-chart-primary"]
+        assert drawn
+        assert "6 observations" in chart.find(f"{ns}desc").text
+    assert len([t for t in hour_chart.iter(f"{ns}text") if t.get("class") == "dtp-chart-unit"])
+    assert 'href="/static/django_tasks_plus/admin.css"' in page
+    assert "api.example.com" in page and "dtp-badge-open" in page
+
+
+def test_the_app_index_links_the_overview(admin_client):
+    page = admin_client.get(reverse("admin:app_list", args=["django_tasks_plus"]))
+    assert page.status_code == 200
+    assert reverse(OVERVIEW) in page.content.decode()
+    # The site-wide index is the project's own: the app's models are listed as usual.
+    index = admin_client.get(reverse("admin:index"))
+    assert index.status_code == 200
+    assert reverse("admin:django_tasks_plus_taskrecord_changelist") in index.content.decode()
+
+
+def test_an_unknown_backend_says_what_to_fix(admin_client):
+    response = overview(admin_client, "?backend=nope")
+    assert response.status_code == 200
+    assert "no django-tasks-plus backend named &#x27;nope&#x27; in TASKS" in (
+        response.content.decode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"),
+    [
+        ("anonymous", "login"),
+        ("non_staff", "login"),
+        ("staff_no_perms", 403),
+        ("staff_other_view", 403),  # may view workers, not tasks
+        ("staff_view_only", 200),
+        ("superuser", 200),
+    ],
+)
+def test_who_may_see_the_overview(role, expected, django_user_model):
+    client = Client()
+    if role != "anonymous":
+        user = django_user_model.objects.create_user(
+            role, password="pw", is_staff=role != "non_staff", is_superuser=role == "superuser"
+        )
+        codenames = {
+            "non_staff": ["view_taskrecord"],
+            "staff_other_view": ["view_workerrecord", "view_breakerrecord"],
+            "staff_view_only": ["view_taskrecord"],
+        }.get(role, [])
+        user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+        client.force_login(user)
+    response = overview(client)
+    if expected == "login":
+        assert response.status_code == 302
+        assert "/login/" in response["Location"]
+    else:
+        assert response.status_code == expected
+    assert "dtp-chart" not in response.content.decode() or expected == 200
