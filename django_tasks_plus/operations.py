@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from . import compat
-from .exceptions import InvalidBackendOptions
+from .exceptions import InvalidBackendOptions, TasksPlusError
 
 if TYPE_CHECKING:
     from .backend import CancelOutcome, DatabaseBackend
@@ -29,6 +29,38 @@ def _backend(result: compat.TaskResult | str, backend: str | None) -> DatabaseBa
             "django_tasks_plus' DatabaseBackend."
         )
     return found
+
+
+class BackendNotUsable(InvalidBackendOptions):
+    """``TASKS[alias]`` is missing, broken, or not django-tasks-plus' ``DatabaseBackend``."""
+
+
+def database_backend(alias: str, *, needed_by: str) -> DatabaseBackend:
+    """The ``DatabaseBackend`` configured as ``TASKS[alias]``, for a command or tool.
+
+    Raises ``BackendNotUsable`` saying what is wrong: an alias ``TASKS`` does not have
+    (naming those it has), an entry that cannot be built, or another kind of backend
+    (``needed_by`` says what needed ours, e.g. "runtasks").
+    """
+    from django.conf import settings
+
+    from .backend import DatabaseBackend
+
+    configured = getattr(settings, "TASKS", {}) or {}
+    if alias not in configured:
+        known = ", ".join(sorted(configured)) or "nothing"
+        raise BackendNotUsable(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
+    try:
+        backend = compat.task_backends[alias]
+    except (compat.InvalidTaskBackend, TasksPlusError) as exc:
+        raise BackendNotUsable(f"Task backend {alias!r}: {exc}") from exc
+    if not isinstance(backend, DatabaseBackend):
+        raise BackendNotUsable(
+            f"Task backend {alias!r} is {type(backend).__module__}."
+            f"{type(backend).__qualname__}; {needed_by} needs "
+            "django_tasks_plus.backend.DatabaseBackend."
+        )
+    return backend
 
 
 def _id(result: compat.TaskResult | str) -> str:

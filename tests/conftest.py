@@ -116,3 +116,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from django_tasks_plus.metrics import AGGREGATOR
 
     AGGREGATOR.take()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metrics() -> Iterator[None]:
+    """Each test starts with nothing counted in this process: counts a previous test's
+    enqueues left in memory must not be flushed into this test's database."""
+    from django_tasks_plus.metrics import AGGREGATOR
+
+    AGGREGATOR.take()
+    yield

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django_tasks_plus import circuits
 from django_tasks_plus.admin import display
 from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.durations import duration
 from django_tasks_plus.models import BreakerRecord, TaskRecord, WorkerRecord
 from tests import tasks
 from tests.conftest import wait_for
@@ -168,9 +169,9 @@ def test_attempt_rows_split_runs_and_read_the_message():
 
 def test_durations_and_notes_read_like_a_person_wrote_them():
     now = timezone.now()
-    assert display.duration(0.85) == "850 ms"
-    assert display.duration(40) == "40 s"
-    assert display.duration(185) == "3 min 5 s"
+    assert duration(0.85) == "850 ms"
+    assert duration(40) == "40 s"
+    assert duration(185) == "3 min 5 s"
     note = display.waiting_note(
         "READY",
         attempt=1,

@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "limits",
             "breaker",
             "charts",
+            "durations",
         ),
     ),
     ("foundation", ("compat", "exceptions")),

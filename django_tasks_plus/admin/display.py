@@ -11,24 +11,9 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
+from ..durations import duration
+
 FINISHED = ("SUCCESSFUL", "FAILED")
-
-
-def duration(seconds: float) -> str:
-    """A short, human duration: ``850 ms``, ``40 s``, ``3 min 5 s``, ``2 h 4 min``, ``3 d 1 h``."""
-    seconds = abs(seconds)
-    if seconds < 1:
-        return f"{round(seconds * 1000)} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{round(seconds)} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def between(start: datetime | None, end: datetime | None) -> str:

@@ -11,12 +11,11 @@ import sys
 from collections import Counter
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ..backend import DatabaseBackend
-from ..compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
-from ..exceptions import TasksPlusError
+from ..compat import DEFAULT_TASK_BACKEND_ALIAS
+from ..operations import BackendNotUsable, database_backend
 from ..selection import (
     BadFilter,
     Row,
@@ -230,17 +229,7 @@ class SelectingCommand(BaseCommand):
             raise CommandError("Nothing changed.")
 
     def _backend(self, alias: str) -> DatabaseBackend:
-        configured = getattr(settings, "TASKS", {}) or {}
-        if alias not in configured:
-            known = ", ".join(sorted(configured)) or "nothing"
-            raise CommandError(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
         try:
-            backend = task_backends[alias]
-        except (InvalidTaskBackend, TasksPlusError) as exc:
-            raise CommandError(f"Task backend {alias!r}: {exc}") from exc
-        if not isinstance(backend, DatabaseBackend):
-            raise CommandError(
-                f"Task backend {alias!r} is {type(backend).__module__}."
-                f"{type(backend).__qualname__}, not django_tasks_plus' DatabaseBackend."
-            )
-        return backend
+            return database_backend(alias, needed_by="this command")
+        except BackendNotUsable as exc:
+            raise CommandError(str(exc)) from exc

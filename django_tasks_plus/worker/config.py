@@ -18,9 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
+from ..compat import DEFAULT_TASK_BACKEND_ALIAS
 from ..conf import positive_int_problem, positive_seconds_problem, queue_name_problem
-from ..exceptions import TasksPlusError
 from ..limits import WORKER_ID_MAX_LENGTH
 
 if TYPE_CHECKING:
@@ -54,25 +53,12 @@ def worker_id_problem(value: object, room: int = WORKER_ID_MAX_LENGTH) -> str | 
 
 def worker_backend(alias: str) -> DatabaseBackend:
     """The ``DatabaseBackend`` configured as ``TASKS[alias]``; ``WorkerConfigError`` else."""
-    from django.conf import settings
+    from ..operations import BackendNotUsable, database_backend
 
-    from ..backend import DatabaseBackend
-
-    configured = getattr(settings, "TASKS", {}) or {}
-    if alias not in configured:
-        known = ", ".join(sorted(configured)) or "nothing"
-        raise WorkerConfigError(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
     try:
-        backend = task_backends[alias]
-    except (InvalidTaskBackend, TasksPlusError) as exc:
-        raise WorkerConfigError(f"Task backend {alias!r}: {exc}") from exc
-    if not isinstance(backend, DatabaseBackend):
-        raise WorkerConfigError(
-            f"Task backend {alias!r} is {type(backend).__module__}."
-            f"{type(backend).__qualname__}; runtasks needs "
-            "django_tasks_plus.backend.DatabaseBackend."
-        )
-    return backend
+        return database_backend(alias, needed_by="runtasks")
+    except BackendNotUsable as exc:
+        raise WorkerConfigError(str(exc)) from exc.__cause__
 
 
 def served_queues(backend: DatabaseBackend, requested: Iterable[str] | None) -> tuple[str, ...]:

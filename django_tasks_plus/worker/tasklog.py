@@ -12,28 +12,11 @@ from datetime import datetime
 from django.utils import timezone
 
 from ..compat import TaskResultStatus
+from ..durations import duration
 from ..lifecycle import ClaimedTask, Transition
 
 # A message longer than this is cut: the row (and the admin) keeps the whole text.
 MAX_MESSAGE = 300
-
-
-def duration(seconds: float) -> str:
-    """``0.4 s``, ``30 s``, ``4 min 10 s``, ``2 h 5 min``, ``3 d 4 h``: short and exact enough."""
-    seconds = max(0.0, seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def _clock(moment: datetime, now: datetime) -> str:

@@ -12,15 +12,15 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from ...backend import DatabaseBackend
 from ...circuits import BreakerStatus, breaker_states, force_close, force_open
-from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend
 from ...exceptions import TasksPlusError
 from ...limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
+from ...operations import BackendNotUsable, database_backend
 
 ACTIONS = ("list", "close", "open")
 # The table's columns: heading, then how a status shows in it.
@@ -144,21 +144,10 @@ class Command(BaseCommand):
             raise CommandError(f"The database refused: {exc}") from exc
 
     def _backend(self, alias: str) -> DatabaseBackend:
-        configured = getattr(settings, "TASKS", {}) or {}
-        if alias not in configured:
-            known = ", ".join(sorted(configured)) or "nothing"
-            raise CommandError(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
         try:
-            backend = task_backends[alias]
-        except (InvalidTaskBackend, TasksPlusError) as exc:
-            raise CommandError(f"Task backend {alias!r}: {exc}") from exc
-        if not isinstance(backend, DatabaseBackend):
-            raise CommandError(
-                f"Task backend {alias!r} is {type(backend).__module__}."
-                f"{type(backend).__qualname__}; circuit breakers live in the database of a "
-                "django_tasks_plus.backend.DatabaseBackend."
-            )
-        return backend
+            return database_backend(alias, needed_by="manage.py breakers")
+        except BackendNotUsable as exc:
+            raise CommandError(str(exc)) from exc
 
     def _list(self, backend: str, *, as_json: bool) -> None:
         statuses = breaker_states(backend)

@@ -12,7 +12,6 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
@@ -20,8 +19,9 @@ from django.utils import timezone
 from ... import metrics
 from ...backend import DatabaseBackend
 from ...circuits import breaker_states
-from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend
 from ...exceptions import TasksPlusError
+from ...operations import BackendNotUsable, database_backend
 from .breakers import status_json
 
 WINDOW = timedelta(hours=1)
@@ -205,21 +205,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
 
     def _backend(self, alias: str) -> DatabaseBackend:
-        configured = getattr(settings, "TASKS", {}) or {}
-        if alias not in configured:
-            known = ", ".join(sorted(configured)) or "nothing"
-            raise CommandError(f"Unknown task backend {alias!r}; TASKS configures: {known}.")
         try:
-            backend = task_backends[alias]
-        except (InvalidTaskBackend, TasksPlusError) as exc:
-            raise CommandError(f"Task backend {alias!r}: {exc}") from exc
-        if not isinstance(backend, DatabaseBackend):
-            raise CommandError(
-                f"Task backend {alias!r} is {type(backend).__module__}."
-                f"{type(backend).__qualname__}; taskstats reads the database of a "
-                "django_tasks_plus.backend.DatabaseBackend."
-            )
-        return backend
+            return database_backend(alias, needed_by="manage.py taskstats")
+        except BackendNotUsable as exc:
+            raise CommandError(str(exc)) from exc
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = self._backend(options["backend"]).alias
