@@ -1,9 +1,10 @@
 """The process-wide aggregator: events in, per-minute rows out.
 
 Every process that emits events (web processes enqueue, workers run) adds them up here,
-in memory, under one lock: a handler is a few dictionary and list operations (the
-events seam runs it on the emitting thread). ``flush()`` moves what was counted to the
-metrics table in one upsert.
+in memory. A handler runs on the emitting thread (a task's, the outcome writer's), so it
+only appends one tuple to a deque, which is thread-safe without a lock; the tuples are
+folded into per-minute counts when they are taken for a flush, or when many have
+piled up. ``flush()`` moves what was counted to the metrics table in one upsert.
 
 Who flushes: in a worker, its ``tasks-metrics-flusher`` service every ``FLUSH_INTERVAL``
 seconds and once more when it stops (it ``claim()``\\ s the aggregator while it runs).
@@ -22,6 +23,7 @@ import logging
 import threading
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,6 +75,13 @@ ENQUEUE_SIDE = frozenset(
 _TIMED = frozenset({events.TASK_SUCCEEDED, events.TASK_ATTEMPT_FAILED, events.TASK_DEFERRED})
 
 Key = tuple[int, str, str, str]  # epoch minute, backend, queue, task path
+# One raw observation: (kind, counter index, time, backend, queue, task path, number).
+# kind COUNT: number is how many; STARTED: number is the wait in seconds; OUTCOME: number
+# is the run time in seconds, or None (the reaper's outcomes have none).
+Raw = tuple[int, int, float, Any, Any, Any, Any]
+COUNT, STARTED, OUTCOME = range(3)
+# Fold the raw observations in once this many are waiting (about 100 bytes each).
+FOLD_AT = 50_000
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,8 @@ class Aggregator:
     """Counts and histogram buckets per (minute, backend, queue, task path)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.raw: deque[Raw] = deque()
+        self.lock = threading.Lock()  # guards ``pending`` (folding, taking, putting back)
         self.pending: dict[Key, list[Any]] = {}
         self.targets: dict[str, Target] = {}  # enabled backends only
         self.flush_interval = 10.0  # the shortest of the enabled backends'
@@ -96,62 +106,92 @@ class Aggregator:
         self.claimed_by = 0  # running worker flushers: emit-time flushes are off
         self._flushing = threading.Lock()
 
-    # -- events in -----------------------------------------------------------------------
-
-    def _entry(self, event: events.Event) -> list[Any]:
-        """The pending entry for the event's minute and labels (call under the lock)."""
-        metadata = event.metadata
-        key = (
-            int(event.time // 60),
-            metadata["backend"],
-            metadata.get("queue") or "",
-            metadata.get("task_path") or "",
-        )
-        entry = self.pending.get(key)
-        if entry is None:
-            entry = self.pending[key] = [0] * _WIDTH
-        return entry
+    # -- events in (hot: one append each) ------------------------------------------------
 
     def on_count(self, event: events.Event) -> None:
         """A counted event; its ``count`` measurement (if any) says how many."""
-        if event.metadata.get("backend") not in self.targets:
-            return
-        index = _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]]
-        amount = int(event.measurements.get("count", 1))
-        with self.lock:
-            self._entry(event)[index] += amount
+        metadata = event.metadata
+        self.raw.append(
+            (
+                COUNT,
+                _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]],
+                event.time,
+                metadata.get("backend"),
+                metadata.get("queue"),
+                metadata.get("task_path"),
+                int(event.measurements.get("count", 1)),
+            )
+        )
         if event.name in ENQUEUE_SIDE and not self.claimed_by:
             self.flush_if_due()
+        elif len(self.raw) >= FOLD_AT:
+            self.fold()
 
     def on_started(self, event: events.Event) -> None:
         """``task.started``: counted, and its ``queue_time`` observed as wait."""
-        if event.metadata["backend"] not in self.targets:
-            return
+        metadata = event.metadata
         wait = event.measurements.get("queue_time", 0.0)
-        slot = _WAIT + bisect_left(BUCKETS, wait)
-        with self.lock:
-            entry = self._entry(event)
-            entry[_STARTED] += 1
-            entry[slot] += 1
-            entry[_WAIT + _SLOTS] += wait
+        self.raw.append(
+            (
+                STARTED,
+                _STARTED,
+                event.time,
+                metadata["backend"],
+                metadata["queue"],
+                metadata["task_path"],
+                wait,
+            )
+        )
+        if len(self.raw) >= FOLD_AT:
+            self.fold()
 
     def on_outcome(self, event: events.Event) -> None:
         """An outcome: counted, and its ``run_time`` (absent from the reaper) observed."""
-        if event.metadata["backend"] not in self.targets:
-            return
-        index = _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]]
-        run = event.measurements.get("run_time")
+        metadata = event.metadata
+        self.raw.append(
+            (
+                OUTCOME,
+                _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]],
+                event.time,
+                metadata["backend"],
+                metadata["queue"],
+                metadata["task_path"],
+                event.measurements.get("run_time"),
+            )
+        )
+        if len(self.raw) >= FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Add the raw observations up into ``pending`` (per minute and labels)."""
         with self.lock:
-            entry = self._entry(event)
-            entry[index] += 1
-            if run is not None:
-                entry[_RUN + bisect_left(BUCKETS, run)] += 1
-                entry[_RUN + _SLOTS] += run
+            raw, pending, targets = self.raw, self.pending, self.targets
+            while raw:
+                try:
+                    kind, index, at, backend, queue, task_path, number = raw.popleft()
+                except IndexError:  # emptied meanwhile (only one folder holds the lock)
+                    break
+                if backend not in targets:
+                    continue
+                key = (int(at // 60), backend, queue or "", task_path or "")
+                entry = pending.get(key)
+                if entry is None:
+                    entry = pending[key] = [0] * _WIDTH
+                if kind == COUNT:
+                    entry[index] += number
+                    continue
+                entry[index] += 1
+                if number is None:
+                    continue
+                base = _WAIT if kind == STARTED else _RUN
+                entry[base + bisect_left(BUCKETS, number)] += 1
+                entry[base + _SLOTS] += number
 
     # -- rows out ------------------------------------------------------------------------
 
     def take(self) -> dict[Key, list[Any]]:
         """Everything counted so far; the aggregator starts again from zero."""
+        self.fold()
         with self.lock:
             pending, self.pending = self.pending, {}
         return pending
@@ -207,7 +247,7 @@ class Aggregator:
 
     def flush_at_exit(self) -> None:
         """The last flush of a process; says how much was lost if it fails."""
-        if not self.pending:
+        if not self.pending and not self.raw:
             return
         try:
             self.flush()
