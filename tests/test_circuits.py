@@ -284,3 +284,24 @@ def test_forcing_a_circuit_refuses_a_name_or_key_no_breaker_could_have(key, name
     with pytest.raises(ValueError):
         force_close(key, name=name)
     assert not BreakerRecord.objects.exists()
+
+
+def test_an_outcome_is_not_recorded_inside_a_transaction_the_task_left_open(caplog):
+    # The worker rolls such a transaction back and fails the attempt (TransactionLeaked);
+    # a circuit write inside it would be rolled back too, so none is attempted.
+    from django.db import transaction
+
+    leaked = transaction.atomic()
+
+    def leaks_then_fails(_attempt: Attempt) -> Any:
+        leaked.__enter__()
+        raise ConnectionError("refused")
+
+    caplog.set_level(logging.WARNING, logger="django_tasks_plus.breakers")
+    try:
+        with pytest.raises(ConnectionError):
+            run(leaks_then_fails)
+    finally:
+        leaked.__exit__(None, None, None)
+    assert "left a transaction open" in caplog.text
+    assert not BreakerRecord.objects.exists()
