@@ -7,12 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 from django.db import connection
+from django.test import Client
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -104,6 +106,36 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30, interval: float
             return
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+def admin_client_for(
+    role: str,
+    user_model: Any,
+    *,
+    view: Sequence[str],
+    actions: Sequence[str],
+    enforce_csrf: bool = False,
+) -> Client:
+    """A test client for one role of the admin's permission matrix: ``anonymous``,
+    ``non_staff``, ``staff_no_perms``, ``staff_view_only`` (the ``view`` permissions),
+    ``operator`` (``view`` and ``actions``) or ``superuser``."""
+    from django.contrib.auth.models import Permission  # needs the app registry
+
+    client = Client(enforce_csrf_checks=enforce_csrf)
+    if role == "anonymous":
+        return client
+    user = user_model.objects.create_user(
+        role, password="pw", is_staff=role != "non_staff", is_superuser=role == "superuser"
+    )
+    codenames = {
+        # A non-staff user holding every permission still may not use the admin.
+        "non_staff": (*view, *actions),
+        "staff_view_only": tuple(view),
+        "operator": (*view, *actions),
+    }.get(role, ())
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client.force_login(user)
+    return client
 
 
 def worker_log(tmp_path: Path, index: int = 0) -> str:

@@ -17,7 +17,6 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -28,7 +27,7 @@ from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.durations import duration
 from django_tasks_plus.models import BreakerRecord, TaskRecord, WorkerRecord
 from tests import tasks
-from tests.conftest import wait_for
+from tests.conftest import admin_client_for, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,20 +47,9 @@ def url(name: str, *args: object) -> str:
 
 
 def make_client(role: str, django_user_model, *, enforce_csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=enforce_csrf)
-    if role == "anonymous":
-        return client
-    user = django_user_model.objects.create_user(
-        role, password="pw", is_staff=role != "non_staff", is_superuser=role == "superuser"
+    return admin_client_for(
+        role, django_user_model, view=VIEW_PERMS, actions=ACTION_PERMS, enforce_csrf=enforce_csrf
     )
-    codenames = {
-        "non_staff": VIEW_PERMS + ACTION_PERMS,
-        "staff_view_only": VIEW_PERMS,
-        "operator": VIEW_PERMS + ACTION_PERMS,
-    }.get(role, ())
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client.force_login(user)
-    return client
 
 
 def outcome_of(response) -> int | str:
