@@ -12,15 +12,13 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
-from ...backend import DatabaseBackend
 from ...circuits import BreakerStatus, breaker_states, force_close, force_open
-from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend
-from ...exceptions import TasksPlusError
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS
 from ...limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
-from ...operations import BackendNotUsable, database_backend
+from ..base import BackendCommand
 
 ACTIONS = ("list", "close", "open")
 # The table's columns: heading, then how a status shows in it.
@@ -81,7 +79,8 @@ def key_problem(key: object) -> str | None:
     return None
 
 
-class Command(BaseCommand):
+class Command(BackendCommand):
+    needed_by = "manage.py breakers"
     help = (
         "List the circuit breakers of a django-tasks-plus backend, or force one closed "
         "(releasing the tasks it holds) or open."
@@ -105,18 +104,6 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", help="Print JSON (times in ISO 8601) instead of text."
         )
-
-    def execute(self, *args: Any, **options: Any) -> str | None:
-        # Resolve the backend before the system checks run, so that a bad alias ends as a
-        # one-line CommandError, as in runtasks.
-        self._backend(options["backend"])
-        return super().execute(*args, **options)
-
-    def check(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().check(*args, **kwargs)
-        except (InvalidTaskBackend, TasksPlusError) as exc:  # another alias's entry
-            raise CommandError(str(exc)) from exc
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -142,12 +129,6 @@ class Command(BaseCommand):
             self._force(action, backend, name, key, as_json=options["json"])
         except DatabaseError as exc:
             raise CommandError(f"The database refused: {exc}") from exc
-
-    def _backend(self, alias: str) -> DatabaseBackend:
-        try:
-            return database_backend(alias, needed_by="manage.py breakers")
-        except BackendNotUsable as exc:
-            raise CommandError(str(exc)) from exc
 
     def _list(self, backend: str, *, as_json: bool) -> None:
         statuses = breaker_states(backend)

@@ -9,13 +9,12 @@ from argparse import ArgumentTypeError
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from ...backend import DatabaseBackend
-from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS
 from ...conf import positive_int_problem, positive_seconds_problem
-from ...exceptions import TasksPlusError
 from ...limits import WORKER_ID_MAX_LENGTH
 from ...worker.config import (
     WorkerConfig,
@@ -28,6 +27,7 @@ from ...worker.engine import MAX_ADAPTIVE_PREFETCH, Worker
 from ...worker.reload import Reloader, is_reloaded_child, require_watchfiles
 from ...worker.services import ServiceStartError
 from ...worker.supervisor import supervise
+from ..base import BackendCommand
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 
@@ -97,7 +97,7 @@ def _describe_prefetch(config: WorkerConfig) -> str:
     return str(config.prefetch)
 
 
-class Command(BaseCommand):
+class Command(BackendCommand):
     help = "Run tasks from the django-tasks-plus database queue."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -156,18 +156,6 @@ class Command(BaseCommand):
             type=_seconds,
             help="Longest wait between polls when idle (default: OPTIONS, 1.0).",
         )
-
-    def execute(self, *args: Any, **options: Any) -> str | None:
-        # Create the backend before the system checks do, so that a bad TASKS entry ends
-        # as a one-line CommandError naming the key, not as a traceback from the checks.
-        self._backend(options["backend"])
-        return super().execute(*args, **options)
-
-    def check(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().check(*args, **kwargs)
-        except (InvalidTaskBackend, TasksPlusError) as exc:  # another alias's entry
-            raise CommandError(str(exc)) from exc
 
     def handle(self, *args: Any, **options: Any) -> None:
         verbosity = int(options["verbosity"])

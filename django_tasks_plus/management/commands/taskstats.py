@@ -12,16 +12,14 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from django.utils import timezone
 
 from ... import metrics
-from ...backend import DatabaseBackend
 from ...circuits import breaker_states
-from ...compat import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend
-from ...exceptions import TasksPlusError
-from ...operations import BackendNotUsable, database_backend
+from ...compat import DEFAULT_TASK_BACKEND_ALIAS
+from ..base import BackendCommand
 from .breakers import status_json
 
 WINDOW = timedelta(hours=1)
@@ -168,7 +166,8 @@ def render_text(stats: dict[str, Any]) -> list[str]:
     return lines
 
 
-class Command(BaseCommand):
+class Command(BackendCommand):
+    needed_by = "manage.py taskstats"
     help = (
         "Show the queues (READY, scheduled, RUNNING, dead), rates and latency percentiles "
         "over the last hour, workers and circuit breakers of a django-tasks-plus backend."
@@ -192,23 +191,6 @@ class Command(BaseCommand):
             action="store_true",
             help="Print JSON (one object; with --watch one object per line).",
         )
-
-    def execute(self, *args: Any, **options: Any) -> str | None:
-        # A bad alias ends as a one-line CommandError before the system checks run.
-        self._backend(options["backend"])
-        return super().execute(*args, **options)
-
-    def check(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().check(*args, **kwargs)
-        except (InvalidTaskBackend, TasksPlusError) as exc:  # another alias's entry
-            raise CommandError(str(exc)) from exc
-
-    def _backend(self, alias: str) -> DatabaseBackend:
-        try:
-            return database_backend(alias, needed_by="manage.py taskstats")
-        except BackendNotUsable as exc:
-            raise CommandError(str(exc)) from exc
 
     def handle(self, *args: Any, **options: Any) -> None:
         backend = self._backend(options["backend"]).alias
