@@ -43,6 +43,7 @@ class ClaimedTask:
     requested_run_after: datetime | None = None  # the caller's run_after, as Django shows it
     held_since: datetime | None = None  # when a middleware first held it back (a breaker)
     breaker_key: str | None = None  # "name/key" of the circuit breaker guarding it
+    metadata: Any = None  # the parsed metadata column (``metadata.decode_metadata`` reads it)
 
     @property
     def first_run(self) -> bool:

@@ -21,3 +21,10 @@ QUEUE_NAME_MAX_LENGTH = 100
 
 WORKER_ID_MAX_LENGTH = 64
 """A worker's id (``WorkerRecord.worker_id``), including any ``--processes`` suffix."""
+
+METADATA_KEY_MAX_LENGTH = 100
+"""A task metadata key (``metadata.register_key``)."""
+
+METADATA_MAX_BYTES = 64 * 1024
+"""A task's encoded metadata, in bytes of UTF-8 JSON: features keep small per-call data
+there (ids, a trace context), never payloads."""

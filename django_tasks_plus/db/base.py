@@ -125,6 +125,7 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         requested_run_after=_as_datetime(data["requested_run_after"]),
         held_since=_as_datetime(data["held_since"]),
         breaker_key=data["breaker_key"],
+        metadata=parse_column(data["metadata"]),
     )
 
 
