@@ -53,6 +53,8 @@ class Task(compat.Task):
       ``"block"`` (the key waits until the dead task is redriven or discarded).
     * ``middleware``: execution middleware factories (or dotted paths) run around each
       attempt, inside the backend's ``OPTIONS["MIDDLEWARE"]`` (``middleware.py``).
+    * ``enqueue_middleware``: enqueue middleware factories (or dotted paths) run around
+      each enqueue, inside the backend's ``OPTIONS["ENQUEUE_MIDDLEWARE"]`` (``envelope.py``).
     * ``breaker``: a ``Breaker`` (``breaker.py``): tasks whose remote host keeps failing
       are held, not run, until a probe finds it back (``circuits.py``).
 
@@ -70,10 +72,12 @@ class Task(compat.Task):
     dedup_until: str = "ttl"
     middleware: tuple[Any, ...] = ()
     breaker: Breaker | None = None
+    enqueue_middleware: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.middleware, list):  # keep the definition hashable
-            object.__setattr__(self, "middleware", tuple(self.middleware))
+        for name in ("middleware", "enqueue_middleware"):
+            if isinstance(getattr(self, name), list):  # keep the definition hashable
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
 
@@ -188,6 +192,8 @@ def validate_task_options(task: Task) -> None:
             load_middleware(task.middleware, f"{task.module_path}: middleware")
         except ValueError as exc:
             raise InvalidTaskOptions(str(exc)) from exc
+    if task.enqueue_middleware != ():
+        task_enqueue_middleware(task)  # raises InvalidTaskOptions for a bad entry
     breaker = getattr(task, "breaker", None)
     if breaker is not None and not isinstance(breaker, Breaker):
         raise InvalidTaskOptions(
@@ -207,6 +213,20 @@ def task_middleware(task: compat.Task) -> tuple[Any, ...]:
     if getattr(task, "breaker", None) is not None:
         own += (BREAKER_MIDDLEWARE,)
     return own
+
+
+def task_enqueue_middleware(task: compat.Task) -> tuple[Any, ...]:
+    """The task's own enqueue middleware factories (``@task(enqueue_middleware=[...])``),
+    resolved; raises ``InvalidTaskOptions`` naming a bad entry."""
+    entries = getattr(task, "enqueue_middleware", ())
+    if not entries:
+        return ()
+    try:
+        return load_middleware(
+            entries, f"{task.module_path}: enqueue_middleware", handles="the envelope"
+        )
+    except ValueError as exc:
+        raise InvalidTaskOptions(str(exc)) from exc
 
 
 def breaker_key(task: compat.Task, args: Any, kwargs: Any) -> str | None:
@@ -367,6 +387,7 @@ def task(
     ordering_failure: str | None = None,
     middleware: list[Any] | tuple[Any, ...] | None = None,
     breaker: Breaker | None = None,
+    enqueue_middleware: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -386,6 +407,8 @@ def task(
         extra["middleware"] = middleware
     if breaker is not None:
         extra["breaker"] = breaker
+    if enqueue_middleware is not None:
+        extra["enqueue_middleware"] = enqueue_middleware
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,

@@ -104,9 +104,7 @@ KEYS = MetadataKeys()
 """The process's declared keys: features declare theirs when their module is imported."""
 
 
-def register_key(
-    name: str, *, lifetime: Lifetime = "call", description: str = ""
-) -> MetadataKey:
+def register_key(name: str, *, lifetime: Lifetime = "call", description: str = "") -> MetadataKey:
     """Declare a metadata key: ``lifetime="call"`` survives a redrive, ``"run"`` does not.
 
     Declare at import time of the module that owns the key, as a model declares a field.
