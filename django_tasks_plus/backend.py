@@ -17,6 +17,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from . import compat, events
+from .codec import DecodeError
 from .conf import BackendSettings, parse_settings, queue_name_problem
 from .db import UnsupportedDatabase, dialect_for
 from .definition import Task, resolve_task, task_enqueue_middleware, validate_task_options
@@ -30,6 +31,7 @@ from .envelope import (
 )
 from .exceptions import (
     Cancelled,
+    CorruptTaskRecord,
     DatabaseUnavailable,
     InvalidBackendOptions,
     InvalidTaskArguments,
@@ -38,6 +40,7 @@ from .exceptions import (
     TaskNotRegistered,
 )
 from .lifecycle import error_record
+from .metadata import decode_metadata, run_keys
 from .results import clone_result, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
 
@@ -270,14 +273,36 @@ class DatabaseBackend(compat.BaseTaskBackend):
             ) from exc
         return result_from_record(task, record)
 
+    def get_metadata(self, result_id: str) -> Mapping[str, Any]:
+        """The task's metadata, decoded (``django_tasks_plus.get_metadata``): one read of
+        one column by primary key."""
+        self._require_app()
+        from .models import TaskRecord
+
+        pk = _task_pk(result_id)
+        rows = TaskRecord.objects.using(self.settings.database).filter(
+            pk=pk, backend_name=self.alias
+        )
+        try:
+            found = list(rows.values_list("metadata", flat=True)[:1])
+        except RecursionError:  # a JSON column too deep for Python's parser
+            raise unreadable_record(self.settings.database, str(pk)) from None
+        if not found:
+            raise compat.TaskResultDoesNotExist(result_id)
+        try:
+            return decode_metadata(found[0])
+        except DecodeError as exc:
+            raise CorruptTaskRecord(
+                f"Task {pk}: the stored {exc} The row is left as it is; fix or discard it.",
+                task_id=str(pk),
+                column="metadata",
+            ) from exc
+
     def _record(self, result_id: str) -> Any:
         self._require_app()
         from .models import TaskRecord  # not at import: keeps check E001 reachable
 
-        try:
-            pk = uuid.UUID(str(result_id))
-        except ValueError as exc:
-            raise compat.TaskResultDoesNotExist(result_id) from exc
+        pk = _task_pk(result_id)
         try:
             return TaskRecord.objects.using(self.settings.database).get(
                 pk=pk, backend_name=self.alias
@@ -326,7 +351,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import redrive
 
         record = self._record(result_id)
-        if not redrive(self.settings.database, str(record.pk), timezone.now()):
+        clear = run_keys()  # per-run metadata ends with the run
+        if not redrive(
+            self.settings.database, str(record.pk), timezone.now(), clear_metadata=clear
+        ):
             return False
         self._event_on_commit(events.TASK_REDRIVEN, record)
         return True
@@ -425,6 +453,14 @@ def _connection_lost(connection: Any, exc: DatabaseError) -> bool:
         return True
     raw = connection.connection
     return raw is None or bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
+
+
+def _task_pk(result_id: str) -> uuid.UUID:
+    """A result id as the row's primary key; anything else names no task."""
+    try:
+        return uuid.UUID(str(result_id))
+    except ValueError as exc:
+        raise compat.TaskResultDoesNotExist(result_id) from exc
 
 
 def _split_call(call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]]:

@@ -9,7 +9,7 @@ process.
 
 Values follow the argument codec's rules (``codec.py``): plain JSON, plus its tagged
 types (``datetime``, ``Decimal``, ``UUID``…), which come back unchanged. Keys are short
-non-empty strings. The encoded map may take at most ``METADATA_MAX_BYTES``.
+names (``key_problem``). The encoded map may take at most ``METADATA_MAX_BYTES``.
 
 Each key lives for a *call* (the default: it survives a redrive, like a schedule's
 occurrence, a trace context or a group id) or for a *run* (a redrive clears it, like how
@@ -19,6 +19,7 @@ long the last run was held). ``register_key`` declares a key's lifetime; redrive
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -117,15 +118,21 @@ def run_keys() -> tuple[str, ...]:
     return KEYS.run_keys()
 
 
+_KEY = re.compile(r"[A-Za-z0-9_.:/-]+")
+
+
 def key_problem(name: Any) -> str | None:
-    """Why ``name`` cannot be a metadata key, or None."""
-    if not isinstance(name, str) or not name.strip() or len(name) > METADATA_KEY_MAX_LENGTH:
+    """Why ``name`` cannot be a metadata key, or None.
+
+    Keys are plain names (letters, digits, ``_ . : / -``), so every database can address
+    one inside the stored object (a redrive removes per-run keys in SQL)."""
+    if not isinstance(name, str) or not name or len(name) > METADATA_KEY_MAX_LENGTH:
         return (
             f"must be a non-empty string of at most {METADATA_KEY_MAX_LENGTH} characters"
-            f" (got {type(name).__name__})."
+            f" (got a {type(name).__name__})."
         )
-    if "\x00" in name or not name.isprintable():
-        return "must be printable text (no NUL or control characters)."
+    if not _KEY.fullmatch(name):
+        return "may hold only letters, digits and _ . : / - characters."
     return None
 
 

@@ -158,6 +158,12 @@ class Dialect(ABC):
     json_param: str = "%s"
     """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
 
+    def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
+        """SQL (and its parameters) for the JSON object in ``column`` with ``keys``
+        removed; a value that is not an object is left as it is (a redrive clears a
+        task's per-run metadata keys with it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot remove JSON keys")
+
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Problems that stop this database from running the queue (empty if none)."""
         return []

@@ -14,8 +14,10 @@ import os
 import socket
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
+from django.db.models import JSONField
 from django.db.models.expressions import RawSQL
 
 from ..compat import TaskResultStatus
@@ -162,8 +164,19 @@ def cancel_requested(database: str, task_id: str) -> bool:
     return TaskRecord.objects.using(database).filter(pk=task_id, cancel_requested=True).exists()
 
 
-def redrive(database: str, task_id: str, now: datetime) -> bool:
-    """Give a dead-lettered task a fresh retry budget; it runs again from READY."""
+def redrive(
+    database: str, task_id: str, now: datetime, *, clear_metadata: Sequence[str] = ()
+) -> bool:
+    """Give a dead-lettered task a fresh retry budget; it runs again from READY.
+
+    ``clear_metadata``: the metadata keys that live for one run (``metadata.run_keys()``),
+    removed in the same statement."""
+    changes: dict[str, Any] = {}
+    if clear_metadata:
+        connection = connections[database]
+        column = connection.ops.quote_name("metadata")
+        expression, params = dialect_for(connection).without_json_keys(column, clear_metadata)
+        changes["metadata"] = RawSQL(expression, params, output_field=JSONField())
     return bool(
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED)
@@ -175,6 +188,7 @@ def redrive(database: str, task_id: str, now: datetime) -> bool:
             dead_letter_reason="",
             ordering_blocked=False,
             cancel_requested=False,
+            **changes,
         )
     )
 

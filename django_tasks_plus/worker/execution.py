@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import partial
 from inspect import iscoroutinefunction
@@ -53,6 +53,8 @@ from ..lifecycle import (
     exception_path,
     format_traceback,
 )
+from ..metadata import EMPTY as EMPTY_METADATA
+from ..metadata import decode_metadata
 from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
@@ -73,10 +75,14 @@ _UNBUILT: Any = object()  # a task's middleware chain not built yet in this proc
 
 
 def _call(
-    task: compat.Task, result: compat.TaskResult, args: list[Any], kwargs: dict[str, Any]
+    task: compat.Task,
+    result: compat.TaskResult,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    metadata: Mapping[str, Any] = EMPTY_METADATA,
 ) -> Any:
     if task.takes_context:
-        args = [TaskContext(task_result=result), *args]
+        args = [TaskContext(task_result=result, metadata=metadata), *args]
     timeout = getattr(task, "timeout", None)
     if iscoroutinefunction(task.func):
 
@@ -100,7 +106,7 @@ def _call(
 def _call_attempt(task: compat.Task, attempt: Attempt) -> Any:
     """The innermost link of a middleware chain: the task itself, with the attempt's
     (possibly replaced) arguments; the timeout covers this call only."""
-    return _call(task, attempt.result, list(attempt.args), dict(attempt.kwargs))
+    return _call(task, attempt.result, list(attempt.args), dict(attempt.kwargs), attempt.metadata)
 
 
 def prepare_call(task: compat.Task, claimed: ClaimedTask) -> tuple[list[Any], dict[str, Any]]:
@@ -207,6 +213,7 @@ class TaskRunner:
             return self._settle_unrunnable(claimed, exc, None, began)
         try:
             args, kwargs = prepare_call(task, claimed)
+            metadata = decode_metadata(claimed.metadata)
         except DecodeError as exc:
             corrupt = InvalidTaskArguments(f"stored arguments are corrupt: {exc}")
             return self._settle_unrunnable(claimed, corrupt, task, began)
@@ -216,7 +223,7 @@ class TaskRunner:
         started = self.clock()
         result = result_from_claim(task, claimed, started)
         events.emit_started(claimed, started)
-        value, raised = self._call_task(claimed, task, result, args, kwargs)
+        value, raised = self._call_task(claimed, task, result, args, kwargs, metadata)
         # Before anything else touches this thread's connections (the cancel check below).
         leaked = clean_up_after_attempt()
         event, exception = self._classify(claimed, value, raised, leaked)
@@ -229,6 +236,7 @@ class TaskRunner:
         result: compat.TaskResult,
         args: list[Any],
         kwargs: dict[str, Any],
+        metadata: Mapping[str, Any],
     ) -> tuple[Any, BaseException | None]:
         """Send ``task_started`` and call the task through its middleware chain, if it has
         one: ``(value, None)`` or ``(None, raised)``; a middleware's ``Hold`` is a value."""
@@ -238,7 +246,7 @@ class TaskRunner:
             if chain is _UNBUILT:
                 chain = self._build_chain(claimed.task_path, task)
             if chain is None:
-                return _call(task, result, args, kwargs), None
+                return _call(task, result, args, kwargs, metadata), None
             attempt = Attempt(
                 id=claimed.id,
                 task=result.task,
@@ -252,6 +260,7 @@ class TaskRunner:
                 backend=claimed.backend_name,
                 held_since=claimed.held_since,
                 breaker_key=claimed.breaker_key,
+                metadata=metadata,
             )
             return chain(attempt), None
         except BaseException as exc:  # task code may raise anything, even SystemExit
