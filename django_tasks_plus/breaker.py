@@ -276,7 +276,7 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
+class Wait:
     """Do not run the task; it is READY again at ``until``. ``park_until``: hold the
     key's other READY tasks until then too (once per value: see ``Circuit.parked_until``)."""
 
@@ -292,7 +292,7 @@ class Drop:
     held_since: datetime
 
 
-Decision = Run | Hold | Drop
+Decision = Run | Wait | Drop
 
 
 def decide(
@@ -314,7 +314,7 @@ def decide(
         probe_at = opened_at + breaker.recovery
         if now < probe_at:
             until = min(probe_at, deadline)
-            return Hold(until, f"circuit open until {probe_at.isoformat()}", probe_at), circuit
+            return Wait(until, f"circuit open until {probe_at.isoformat()}", probe_at), circuit
         return Run(probe=True), _probing(circuit, task_id, now)
     # Half-open: one probe at a time; a probe silent for the recovery delay is stale.
     if circuit.probe_task_id == task_id:
@@ -325,7 +325,7 @@ def decide(
     until = min(now + breaker.recheck, deadline)
     stale_at = started + breaker.recovery
     reason = f"circuit half-open: waiting for probe {circuit.probe_task_id}"
-    return Hold(until, reason, stale_at), circuit
+    return Wait(until, reason, stale_at), circuit
 
 
 def _probing(circuit: Circuit, task_id: str, now: datetime) -> Circuit:

@@ -34,7 +34,7 @@ task without any middleware is called directly, at no cost. Middlewares are sync
 ``timeout`` covers the task function alone, not the middlewares around it.
 
 This module is pure: the worker (``worker/execution.py``) builds and calls the chain and
-turns a ``Hold`` into the ``lifecycle.Held`` event.
+turns a ``Hold`` into the ``lifecycle.Postponed`` claim end.
 """
 
 from __future__ import annotations

@@ -411,7 +411,7 @@ def _install_event_subscribers() -> None:
             {
                 "name": event.name,
                 "measurements": dict(event.measurements),
-                "metadata": dict(event.metadata),
+                "metadata": dict(event.labels),
                 "thread": threading.current_thread().name,
             },
             default=str,

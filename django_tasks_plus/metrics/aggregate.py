@@ -110,15 +110,15 @@ class Aggregator:
 
     def on_count(self, event: events.Event) -> None:
         """A counted event; its ``count`` measurement (if any) says how many."""
-        metadata = event.metadata
+        labels = event.labels
         self.raw.append(
             (
                 COUNT,
                 _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]],
                 event.time,
-                metadata.get("backend"),
-                metadata.get("queue"),
-                metadata.get("task_path"),
+                labels.get("backend"),
+                labels.get("queue"),
+                labels.get("task_path"),
                 int(event.measurements.get("count", 1)),
             )
         )
@@ -129,16 +129,16 @@ class Aggregator:
 
     def on_started(self, event: events.Event) -> None:
         """``task.started``: counted, and its ``queue_time`` observed as wait."""
-        metadata = event.metadata
+        labels = event.labels
         wait = event.measurements.get("queue_time", 0.0)
         self.raw.append(
             (
                 STARTED,
                 _STARTED,
                 event.time,
-                metadata["backend"],
-                metadata["queue"],
-                metadata["task_path"],
+                labels["backend"],
+                labels["queue"],
+                labels["task_path"],
                 wait,
             )
         )
@@ -147,15 +147,15 @@ class Aggregator:
 
     def on_outcome(self, event: events.Event) -> None:
         """An outcome: counted, and its ``run_time`` (absent from the reaper) observed."""
-        metadata = event.metadata
+        labels = event.labels
         self.raw.append(
             (
                 OUTCOME,
                 _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]],
                 event.time,
-                metadata["backend"],
-                metadata["queue"],
-                metadata["task_path"],
+                labels["backend"],
+                labels["queue"],
+                labels["task_path"],
                 event.measurements.get("run_time"),
             )
         )

@@ -42,10 +42,10 @@ from ..exceptions import (
 from ..lifecycle import (
     Aborted,
     ClaimedTask,
+    ClaimEnd,
     Deferred,
-    Event,
     Failed,
-    Held,
+    Postponed,
     Succeeded,
     Transition,
     deferred_until,
@@ -282,7 +282,7 @@ class TaskRunner:
 
     def _classify(
         self, claimed: ClaimedTask, value: Any, raised: BaseException | None, leaked: list[str]
-    ) -> tuple[Event, BaseException | None]:
+    ) -> tuple[ClaimEnd, BaseException | None]:
         """What the attempt amounts to, and the exception ``task_finished`` re-raises."""
         if leaked and (raised is None or isinstance(raised, TaskDeferred)):
             # Its writes inside the open transaction were rolled back: not a success.
@@ -324,7 +324,7 @@ class TaskRunner:
             return Aborted(cancelled, format_traceback(raised), reason=str(cancelled)), raised
         return Failed(raised, format_traceback(raised)), raised
 
-    def _held(self, claimed: ClaimedTask, hold: Hold) -> Held:
+    def _held(self, claimed: ClaimedTask, hold: Hold) -> Postponed:
         """A middleware held the task back: READY again at ``until``, no attempt spent."""
         until = deferred_until(self.clock(), hold.delay, hold.until)
         logger.info(
@@ -334,7 +334,7 @@ class TaskRunner:
             until.isoformat(),
             hold.reason or "no reason given",
         )
-        return Held(until, reason=hold.reason)
+        return Postponed(until, reason=hold.reason)
 
     def _settle_unrunnable(
         self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None, began: float
@@ -351,7 +351,7 @@ class TaskRunner:
         claimed: ClaimedTask,
         task: compat.Task,
         result: compat.TaskResult,
-        event: Event,
+        event: ClaimEnd,
         started: datetime,
         began: float,
         exception: BaseException | None = None,

@@ -21,7 +21,7 @@ from .. import compat, events
 from ..db.store import apply_transition, expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
-from ..lifecycle import Aborted, ClaimedTask, Event, Failed
+from ..lifecycle import Aborted, ClaimedTask, ClaimEnd, Failed
 from .outcome import outcome_for
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit:
 def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool:
     holder = claimed.worker_ids[-1] if claimed.worker_ids else "unknown"
     task: compat.Task | None
-    event: Event
+    event: ClaimEnd
     try:
         task = resolve_task(claimed.task_path)
         event = Failed(
