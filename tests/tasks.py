@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.db import connection
 
@@ -595,3 +596,20 @@ def fails_until_redriven(n: int) -> int:
         marker.touch()
         raise RuntimeError(f"upstream refused order {n}; redrive me once it is back")
     return n
+
+
+from tests import tenancy  # noqa: E402
+
+
+@task(
+    takes_context=True,
+    enqueue_middleware=["tests.tenancy.stamp_tenant"],
+    middleware=["tests.tenancy.run_as_tenant"],
+)
+def tenant_report(context: Any, report: str) -> dict[str, Any]:
+    """Runs for the tenant its enqueue middleware stamped (tests/tenancy.py)."""
+    return {
+        "report": report,
+        "current_tenant": tenancy.current_tenant.get(),
+        "context_tenant": context.metadata.get("tenant"),
+    }
