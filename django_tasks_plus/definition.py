@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -30,7 +30,7 @@ from .exceptions import (
 from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
-from .schema import PayloadSchema, check_schema_signature, compile_schema
+from .schema import PayloadSchema, bind_payload, check_schema_signature, compile_schema
 
 ORDERING_FAILURES = ("continue", "block")
 DEDUP_SCOPES = ("ttl", "finished")
@@ -296,6 +296,39 @@ def check_arguments(task: compat.Task, args: tuple[Any, ...], kwargs: dict[str, 
         raise InvalidTaskArguments(
             f"{task.module_path}() cannot be called with these arguments: {exc}"
         ) from exc
+
+
+class CallRules:
+    """What each call of one task is checked against at enqueue, looked up once per
+    ``enqueue()``/``enqueue_many()`` (the build step, ``envelope.build``), not per call."""
+
+    __slots__ = ("_arity", "_breaker", "_leading", "_schema", "_task")
+
+    def __init__(self, task: compat.Task) -> None:
+        self._task = task
+        self._schema = compiled_schema(task)
+        self._breaker = getattr(task, "breaker", None)
+        self._leading = 1 if task.takes_context else 0
+        self._arity = _positional_arity(task.func) if self._schema is None else None
+
+    def payload(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments to store: validated by the schema (stored by name, so a later
+        deploy can re-validate them), else checked against the signature."""
+        task = self._task
+        if self._schema is not None:
+            payload = bind_payload(task.func, args, kwargs, takes_context=task.takes_context)
+            return (), self._schema.validate(payload)
+        args, kwargs = tuple(args), dict(kwargs)
+        arity = self._arity
+        if kwargs or arity is None or not arity[0] <= self._leading + len(args) <= arity[1]:
+            check_arguments(task, args, kwargs)
+        return args, kwargs
+
+    def breaker_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The call's stored breaker key (``breaker_key``), or None without a breaker."""
+        return None if self._breaker is None else breaker_key(self._task, args, kwargs)
 
 
 _resolved: dict[str, compat.Task] = {}

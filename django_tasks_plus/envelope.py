@@ -38,11 +38,10 @@ from . import compat
 from .codec import EncodeError, display_call, dumps, encode_call, unencodable_call_error
 from .conf import BackendSettings
 from .db.values import JsonText
-from .definition import breaker_key, check_arguments, compiled_schema
+from .definition import CallRules
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions, PayloadTooLarge
 from .metadata import EMPTY, EMPTY_TEXT, encode_metadata
 from .middleware import build_chain
-from .schema import bind_payload
 
 logger = logging.getLogger("django_tasks_plus")
 
@@ -163,20 +162,6 @@ def resolve_queue(settings: BackendSettings, task: compat.Task) -> str:
     return fallback
 
 
-def _payload(
-    task: compat.Task, args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments to store: validated by the schema if the task has one."""
-    schema = compiled_schema(task)
-    if schema is None:
-        args, kwargs = tuple(args), dict(kwargs)
-        check_arguments(task, args, kwargs)
-        return args, kwargs
-    payload = bind_payload(task.func, args, kwargs, takes_context=task.takes_context)
-    # Stored by name, so a later deploy can re-validate it against the schema.
-    return (), schema.validate(payload)
-
-
 def build(
     settings: BackendSettings,
     task: compat.Task,
@@ -187,12 +172,13 @@ def build(
     """The build step: validate and encode every call; raise a typed error before
     anything is written."""
     limit = settings.max_payload_bytes
+    rules = CallRules(task)
     calls = list(calls)
     return Envelope(
         task=task,
         calls=tuple(
             [
-                _call(task, limit, task_id, args, kwargs)
+                _call(task, rules, limit, task_id, args, kwargs)
                 for task_id, (args, kwargs) in zip(new_task_ids(len(calls)), calls, strict=True)
             ]
         ),
@@ -203,12 +189,13 @@ def build(
 
 def _call(
     task: compat.Task,
+    rules: CallRules,
     limit: int | None,
     task_id: str,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
 ) -> Call:
-    stored_args, stored_kwargs = _payload(task, args, kwargs)
+    stored_args, stored_kwargs = rules.payload(args, kwargs)
     try:
         encoded_args, encoded_kwargs = encode_call(stored_args, stored_kwargs)
     except EncodeError as exc:
@@ -232,7 +219,7 @@ def _call(
             limit=limit,
             size=size,
         )
-    key = breaker_key(task, args, kwargs) if getattr(task, "breaker", None) is not None else None
+    key = rules.breaker_key(args, kwargs)
     shown_args, shown_kwargs = display_call(encoded_args, encoded_kwargs, args_text, kwargs_text)
     return Call(task_id, args, kwargs, args_text, kwargs_text, shown_args, shown_kwargs, key)
 
