@@ -145,15 +145,16 @@ class DatabaseBackend(compat.BaseTaskBackend):
         own = getattr(task, "enqueue_middleware", ())
         if not own and not self.settings.enqueue_middleware:
             return None
-        key: tuple[str, tuple[Any, ...]] | None = (task.module_path, own)
+        key = (task.module_path, own)
         try:
             chain = self._enqueue_chains.get(key)
+            cacheable = True
         except TypeError:  # an unhashable entry: build the chain each time
-            key, chain = None, None
+            chain, cacheable = None, False
         if chain is None:
             middlewares = self.settings.enqueue_middleware + task_enqueue_middleware(task)
             chain = build_enqueue_chain(middlewares, partial(self._write_from_chain, task))
-            if key is not None:
+            if cacheable:
                 self._enqueue_chains[key] = chain
         return chain
 
