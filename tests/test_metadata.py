@@ -378,3 +378,24 @@ def _has_metadata_column() -> bool:
             cursor, "django_tasks_plus_taskrecord"
         )
     return "metadata" in {column.name for column in columns}
+
+
+# -- the admin ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_admin_task_page_shows_the_metadata(admin_client):
+    from django.urls import reverse
+
+    with tenancy.acting_for("acme &amp; co"):
+        stamped = tasks.tenant_report.enqueue("sales")
+    plain = tasks.add.enqueue(1, 2)
+    page = admin_client.get(
+        reverse("admin:django_tasks_plus_taskrecord_change", args=[stamped.id])
+    ).content.decode()
+    assert "metadata" in page
+    assert "&quot;tenant&quot;: &quot;acme &amp;amp; co&quot;" in page  # escaped, as JSON
+    listing = admin_client.get(reverse("admin:django_tasks_plus_taskrecord_changelist"))
+    assert listing.status_code == 200
+    page = admin_client.get(reverse("admin:django_tasks_plus_taskrecord_change", args=[plain.id]))
+    assert page.status_code == 200
