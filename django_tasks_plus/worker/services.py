@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 from django.db import connections
 
+from ..db.unpooled import outside_the_pool
+
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
@@ -50,7 +52,8 @@ class ThreadService:
     """A service running ``serve()`` on a daemon thread of its own; restartable.
 
     ``serve()`` returns once ``self.stopping`` is set. The thread's Django connection to
-    ``database`` is closed when it ends, so a stopped service leaves no session open.
+    ``database`` is its own, outside any connection pool (``db/unpooled.py``), and is
+    closed when the thread ends, so a stopped service leaves no session open.
     """
 
     name = "tasks-service"
@@ -79,10 +82,11 @@ class ThreadService:
         return self._thread is not None and self._thread.is_alive()
 
     def _main(self) -> None:
-        try:
-            self.serve()
-        finally:
-            connections[self.database].close()
+        with outside_the_pool(self.database):
+            try:
+                self.serve()
+            finally:
+                connections[self.database].close()
 
     def serve(self) -> None:
         raise NotImplementedError
