@@ -1,21 +1,27 @@
 """The worker's database sessions, on PostgreSQL: its own statement bounds never reach
-task code, even behind Django's connection pool (``db/unpooled.py``)."""
+task code, even behind Django's connection pool (``db/unpooled.py``), and it holds as
+many as docs/installation.md says."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
+from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db import dialect_for, worker_connection
+from django_tasks_plus.db.leadership import current_leader
 from django_tasks_plus.db.unpooled import guard_pooled_sessions, is_pooled, outside_the_pool
-from django_tasks_plus.models import WorkerRecord
+from django_tasks_plus.metrics.catalog import ALL_TIME
+from django_tasks_plus.models import MetricRecord, WorkerRecord
 from tests import tasks
-from tests.conftest import wait_for, worker_log
+from tests.conftest import REPO, wait_for, worker_log
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -139,3 +145,120 @@ def test_a_pooled_session_carrying_the_worker_s_bounds_is_reset_before_use(poole
         assert _timeouts(second) == defaults
     finally:
         second.close()
+
+
+# -- how many sessions a worker holds (docs/installation.md) -------------------------------
+
+INSTALLATION = REPO / "docs" / "installation.md"
+SESSION_COUNTS = re.compile(
+    r"a follower holds \*\*(?P<follower>\d+)\*\* sessions and the leader \*\*(?P<leader>\d+)\*\*"
+)
+
+
+def _documented_counts() -> tuple[int, int, list[list[str]]]:
+    """The follower's and the leader's session counts the docs give, and the rows of
+    their table of sessions (name, held by, opened)."""
+    text = INSTALLATION.read_text()
+    section = text[text.index("### Connections per worker") :]
+    section = section[: section.index("\n#", 1)]  # up to the next heading
+    match = SESSION_COUNTS.search(" ".join(section.split()))
+    assert match, "docs/installation.md no longer says how many sessions a worker holds"
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| Session")
+    ]
+    return int(match["follower"]), int(match["leader"]), rows
+
+
+def _sessions(application_name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s",
+            [application_name],
+        )
+        return cursor.fetchone()[0]
+
+
+def _ran(application_name: str, statement: str) -> bool:
+    """Whether a session of that worker has run ``statement`` (its last one)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = %s AND query LIKE %s",
+            [application_name, f"%{statement}%"],
+        )
+        return cursor.fetchone() is not None
+
+
+def _succeeded(result) -> bool:  # type: ignore[no-untyped-def]
+    result.refresh()
+    return result.status == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.skipif("connection.settings_dict['OPTIONS'].get('pool')", reason="no pool")
+def test_the_installation_docs_give_each_worker_s_session_count(start_worker):
+    """Once every service of a follower and a leader has run, each holds exactly the
+    sessions docs/installation.md lists, plus one per task thread that used the database.
+
+    Each worker's sessions are told apart by ``application_name`` (``PGAPPNAME``, and
+    its worker id for the leadership session)."""
+    follower_count, leader_count, rows = _documented_counts()
+    every_worker = [row for row in rows if row[1].startswith("every worker")]
+    assert (len(every_worker), len(rows)) == (follower_count, leader_count)
+
+    now = timezone.now()
+    # Evidence that each pruner ran: a dead worker's row and a metric past retention.
+    WorkerRecord.objects.create(
+        worker_id="count-dead",
+        backend_name="default",
+        hostname="gone",
+        pid=1,
+        concurrency=1,
+        started_at=now - timedelta(days=1),
+        last_heartbeat_at=now - timedelta(days=1),
+    )
+    MetricRecord.objects.create(
+        backend_name="default",
+        minute=now - timedelta(days=30),
+        queue_name="default",
+        task_path="old",
+        name="succeeded",
+        value=1,
+    )
+    common = ("--visibility-timeout", "3", "--concurrency", "2")
+    fast = {"DJANGO_SETTINGS_MODULE": "tests.settings_variants"}
+    start_worker(
+        *common, "--worker-id", "count-leader", "--queue", "emails",
+        env={**fast, "DTP_SETTINGS_VARIANT": "fast-metrics", "PGAPPNAME": "count-leader"},
+    )  # fmt: skip
+    wait_for(lambda: current_leader("default", "default") == "count-leader")
+    start_worker(
+        *common, "--worker-id", "count-follower", "--queue", "other",
+        env={**fast, "DTP_SETTINGS_VARIANT": "fast-metrics", "PGAPPNAME": "count-follower"},
+    )  # fmt: skip
+
+    # One task each, that does not touch the database: the claim loop and the outcome
+    # writer have worked, and no task thread holds a session.
+    on_leader = tasks.add.using(queue_name="emails").enqueue(1, 2)
+    on_follower = tasks.add.using(queue_name="other").enqueue(3, 4)
+    wait_for(lambda: _succeeded(on_leader) and _succeeded(on_follower))
+    registered = dict(WorkerRecord.objects.values_list("worker_id", "started_at"))
+    for worker in ("count-leader", "count-follower"):
+        wait_for(lambda worker=worker: _heartbeat_at(worker) > registered[worker])
+        wait_for(lambda worker=worker: _ran(worker, "LISTEN"))
+    wait_for(lambda: _ran("count-follower", "pg_try_advisory_lock"))  # the leader's bid won
+    wait_for(lambda: not WorkerRecord.objects.filter(worker_id="count-dead").exists())
+    wait_for(lambda: not MetricRecord.objects.filter(task_path="old").exists())
+    # Both processes' flushers wrote their task's outcome.
+    flushed = MetricRecord.objects.filter(minute=ALL_TIME, name="succeeded")
+    wait_for(lambda: sum(flushed.values_list("value", flat=True)) >= 2)
+
+    assert _sessions("count-follower") == follower_count
+    assert _sessions("count-leader") == leader_count
+
+    # A task whose code queries: its thread keeps one session more.
+    querying = tasks.session_timeouts.using(queue_name="other").enqueue()
+    wait_for(lambda: _succeeded(querying))
+    assert _sessions("count-follower") == follower_count + 1

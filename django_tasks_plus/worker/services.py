@@ -100,13 +100,20 @@ class LoopService(ThreadService):
     """
 
     interval: float = 1.0
+    first_round_at_start: bool = False
+    """True: the first round runs as soon as the service starts, not one interval later."""
 
     def serve(self) -> None:
+        if self.first_round_at_start:
+            self._round()
         while not self.stopping.wait(self.interval):
-            try:
-                self.tick()
-            except BaseException:
-                logger.exception("%s: a round failed unexpectedly; will retry", self.name)
+            self._round()
+
+    def _round(self) -> None:
+        try:
+            self.tick()
+        except BaseException:
+            logger.exception("%s: a round failed unexpectedly; will retry", self.name)
 
     def tick(self) -> None:
         raise NotImplementedError
