@@ -197,7 +197,9 @@ def _succeeded(result) -> bool:  # type: ignore[no-untyped-def]
     return result.status == TaskResultStatus.SUCCESSFUL
 
 
-@pytest.mark.skipif("connection.settings_dict['OPTIONS'].get('pool')", reason="no pool")
+@pytest.mark.skipif(
+    "connection.settings_dict['OPTIONS'].get('pool')", reason="a pool holds sessions of its own"
+)
 def test_the_installation_docs_give_each_worker_s_session_count(start_worker):
     """Once every service of a follower and a leader has run, each holds exactly the
     sessions docs/installation.md lists, plus one per task thread that used the database.
