@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -78,11 +78,12 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
     """Start ``runtasks ARGS`` in the background; every process is killed at teardown."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> subprocess.Popen[str]:
+    def start(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """``env``: variables set for this worker only, over ``worker_env()``."""
         log = open(tmp_path / f"worker-{len(started)}.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(
             runtasks_command(*args),
-            env=worker_env(tmp_path),
+            env={**worker_env(tmp_path), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,

@@ -595,3 +595,34 @@ def fails_until_redriven(n: int) -> int:
         marker.touch()
         raise RuntimeError(f"upstream refused order {n}; redrive me once it is back")
     return n
+
+
+@task(retry=NO_WAIT)
+def session_timeouts(until_marker: str | None = None, seconds: float = 60) -> list[list[str]]:
+    """The distinct (statement_timeout, lock_timeout) of the sessions this thread got.
+
+    One read; or, with ``until_marker``, reads until that marker exists, closing the
+    connection between them: behind a connection pool each read then takes the pool's
+    next idle session, so every session the pool hands out meanwhile is looked at."""
+    seen: set[tuple[str, str]] = set()
+    deadline = time.monotonic() + seconds
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+            )
+            seen.add(tuple(cursor.fetchone()))
+        marker = _marker(until_marker) if until_marker else None
+        if marker is None or marker.exists() or time.monotonic() > deadline:
+            return sorted(list(pair) for pair in seen)
+        connection.close()
+        time.sleep(0.005)
+
+
+@task(retry=NO_WAIT)
+def sleeps_in_database(seconds: float) -> float:
+    """One statement that runs ``seconds`` on the database: longer than the worker's
+    own statement timeout, which must not apply to it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [seconds])
+    return seconds

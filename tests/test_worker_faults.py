@@ -347,7 +347,10 @@ def test_an_in_process_burst_run_leaves_no_session_open(transactional_db):
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         (others,) = cursor.fetchone()
-    assert others == 0
+    # Behind Django's connection pool the task threads' sessions went back to the pool,
+    # which keeps them open: those, and only those, remain (all but this test's own).
+    pool = connection.pool if connection.settings_dict["OPTIONS"].get("pool") else None
+    assert others == (pool.get_stats()["pool_size"] - 1 if pool else 0)
 
 
 # -- one rule for ordering_failure="block" --------------------------------------------------

@@ -187,6 +187,11 @@ class Dialect(ABC):
         The default does nothing: a database without such settings waits as it waits."""
         return None
 
+    def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
+        """Undo ``bound_worker_statements`` on ``connection``'s session, if it was bounded:
+        its settings back to what the session started with (``db/unpooled.py``)."""
+        return None
+
     # -- enqueue -------------------------------------------------------------------------
 
     @abstractmethod

@@ -86,6 +86,12 @@ INSERT_AND_NOTIFY = "WITH inserted AS ({insert}) " + NOTIFY_QUEUES
 SET_WORKER_TIMEOUTS = (
     "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)"
 )
+# Back to each setting's value at the start of the session (its "reset value": the
+# server's, the role's, or the connection options' own).
+RESET_WORKER_TIMEOUTS = """
+    SELECT set_config(name, reset_val, false) FROM pg_settings
+     WHERE name IN ('statement_timeout', 'lock_timeout')
+"""
 
 # Many fenced outcomes that set the same columns, in one statement: the whole group is
 # one JSON parameter that jsonb_to_recordset unpacks into typed columns. Each row lands
@@ -210,6 +216,14 @@ class PostgreSQLDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
         raw._dtp_bounded = seconds
+
+    def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
+        raw = connection.connection
+        if raw is None or getattr(raw, "_dtp_bounded", None) is None:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(RESET_WORKER_TIMEOUTS)
+        raw._dtp_bounded = None
 
 
 @lru_cache(maxsize=64)

@@ -31,6 +31,7 @@ from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
 from ..db.store import apply_transition, register_worker, remove_worker
+from ..db.unpooled import guard_pooled_sessions, outside_the_pool
 from ..lifecycle import ClaimedTask, Released
 from .config import WorkerConfig
 from .dbclock import DatabaseClock
@@ -146,6 +147,13 @@ class Worker:
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> int:
+        # The claim loop's bounded statements run on a session of its own, never one a
+        # task thread could get from a connection pool (db/unpooled.py).
+        guard_pooled_sessions()
+        with outside_the_pool(self.database):
+            return self._run()
+
+    def _run(self) -> int:
         self._install_signal_handlers()
         if self.database_clock is not None:
             self.database_clock.sync()

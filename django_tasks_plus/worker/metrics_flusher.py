@@ -3,7 +3,8 @@
 The flusher writes what this process counted (``metrics.aggregate``) every
 ``FLUSH_INTERVAL`` seconds in one upsert, and once more after every other service has
 stopped (it is started first, so it stops last and sees the reporter's final outcomes).
-The pruner deletes the per-minute rows past ``RETENTION_DAYS``; the all-time totals stay.
+The pruner deletes the per-minute rows past ``RETENTION_DAYS`` when its worker becomes
+leader and every ``PRUNE_INTERVAL`` seconds after; the all-time totals stay.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class MetricsPruner(LoopService):
 
     name = "tasks-metrics-pruner"
     singleton = True
+    # As soon as this worker leads: a leader replaced more often than every interval (a
+    # fleet redeployed every few minutes) would otherwise never prune.
+    first_round_at_start = True
 
     def __init__(
         self,

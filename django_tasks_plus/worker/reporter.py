@@ -22,6 +22,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .. import events
 from ..db import worker_connection
 from ..db.completions import apply_transitions
+from ..db.unpooled import outside_the_pool
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -62,6 +63,10 @@ class Reporter(threading.Thread):
         self._inbox.put(_STOP)
 
     def run(self) -> None:
+        with outside_the_pool(self.database):
+            self._serve()
+
+    def _serve(self) -> None:
         try:
             while True:
                 item = self._inbox.get()

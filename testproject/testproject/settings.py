@@ -9,6 +9,8 @@ Configuration comes from environment variables only (no ``.env`` file is read):
 ``TEST_SQLITE_NAME`` SQLite test database file (default ``testproject/test_db.sqlite3``)
 ``TASKS_LOG_LEVEL``  level of the ``django_tasks_plus`` logger (default ``INFO``)
 ``TASKS_METRICS``    ``false`` turns OPTIONS["METRICS"] off (default ``true``)
+``DTP_DB_POOL``      ``true`` puts a PostgreSQL database behind Django's connection pool
+                     (``OPTIONS["pool"]``; the ``pgpool`` test environment)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
                      startup (default: see ``_task_modules_outside_apps``)
 """
@@ -52,6 +54,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # test database is always a file, never in-memory.
     DATABASES["default"]["TEST"] = {
         "NAME": env.str("TEST_SQLITE_NAME", default=str(BASE_DIR / "test_db.sqlite3")),
+    }
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.bool(
+    "DTP_DB_POOL", default=False
+):
+    # Django's connection pool (psycopg_pool): a task thread takes a pooled session that
+    # other threads used before it. Large enough for every worker a test starts in this
+    # process; min_size 1 so that a returned session is the next one handed out.
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "pool": {"min_size": 1, "max_size": 40, "timeout": 20},
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
