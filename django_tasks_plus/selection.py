@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -147,6 +147,48 @@ def resolve_task_ids(texts: Sequence[str], backend: str, database: str) -> tuple
     if unknown:
         raise UnknownTaskId(f"No task with id {', '.join(unknown)} in backend {backend!r}.")
     return tuple(dict.fromkeys(found))
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A query parameter a page understands; ``read`` raises ``BadFilter`` for a value
+    the page could not apply."""
+
+    name: str
+    read: Callable[[str], object]
+
+
+def check_parameters(
+    params: Iterable[tuple[str, Sequence[str]]],
+    known: Iterable[Parameter],
+    *,
+    ignored: Collection[str] = (),
+) -> list[BadFilter]:
+    """Every reason the page cannot apply ``params`` (name, values) as given: a name it
+    does not know (``UnknownParameter``: ignoring it would widen the selection), a name
+    given twice (only one would apply), a value ``read`` refuses. Empty values filter
+    nothing (a form's empty inputs) and are let through; ``ignored`` names (paging,
+    ordering) do not select rows and are not checked."""
+    readers = {parameter.name: parameter.read for parameter in known}
+    problems: list[BadFilter] = []
+    for name, values in params:
+        if name in ignored:
+            continue
+        if name not in readers:
+            problems.append(
+                UnknownParameter(f"{name}: not a filter of this page, so it cannot be applied.")
+            )
+            continue
+        given = [value for value in values if value.strip()]
+        if len(given) > 1:
+            problems.append(BadFilter(f"{name}: given {len(given)} times; give it once."))
+            continue
+        for value in given:
+            try:
+                readers[name](value)
+            except BadFilter as exc:
+                problems.append(BadFilter(f"{name}: {exc}"))
+    return problems
 
 
 def parse_status(text: str, allowed: Sequence[str]) -> str:
