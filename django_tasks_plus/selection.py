@@ -7,6 +7,12 @@ in memory at once and rows changed while the walk goes on are neither skipped no
 twice. Everything the database can filter is filtered there (indexed columns first);
 only the last error's exception class is checked in Python, because the error list is a
 JSON column whose query syntax differs between databases.
+
+The values operators type are read here for every surface alike: task ids, whole or the
+short ids the admin shows (``resolve_task_ids``, as git takes a short hash), statuses in
+any case, moments and ages (``parse_moment``), and a page's query parameters
+(``check_parameters``: the admin's lists refuse what they cannot apply rather than drop
+it). Each refusal is a ``BadFilter`` (or a subclass) whose message says what to write.
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ class TaskFilter:
 def id_prefix(text: str) -> str:
     """A full task id or a short one (its first ``SHORT_ID`` or more hex digits, as the
     admin shows it; hyphens are ignored) as lowercase hex without hyphens."""
-    digits = text.strip().replace("-", "").lower()
+    digits = text.strip().lower().removeprefix("urn:uuid:").strip("{}").replace("-", "")
     if not _HEX.fullmatch(digits) or len(digits) > 32:
         raise BadFilter(f"{text!r} is not a task id (a UUID such as the admin shows).")
     if len(digits) < SHORT_ID:
