@@ -31,6 +31,7 @@ from .exceptions import (
     QueueFull,
     TaskNotRegistered,
 )
+from .finished import send_task_finished
 from .lifecycle import error_record
 from .results import clone_result, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
@@ -275,8 +276,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
             task_id = str(record.pk)
             if record.status == compat.TaskResultStatus.READY:
                 now = timezone.now()
+                cancelled = Cancelled("cancelled before it ran")
                 error = error_record(
-                    Cancelled("cancelled before it ran"),
+                    cancelled,
                     "",
                     attempt=record.attempt,
                     worker_id=None,
@@ -284,7 +286,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 )
                 if cancel_ready(database, task_id, error, now):
                     self._event_on_commit(events.TASK_CANCELLED, record)
-                    transaction.on_commit(partial(self._announce_final, task_id), using=database)
+                    transaction.on_commit(
+                        partial(self._announce_final, task_id, cancelled), using=database
+                    )
                     return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
             elif record.status == compat.TaskResultStatus.RUNNING:
                 if request_cancel(database, task_id):
@@ -330,12 +334,14 @@ class DatabaseBackend(compat.BaseTaskBackend):
             )
             transaction.on_commit(emit, using=self.settings.database)
 
-    def _announce_final(self, task_id: str) -> None:
+    def _announce_final(self, task_id: str, exception: BaseException) -> None:
+        """``task_finished`` for a task this backend ended (a cancel), with the exception
+        recorded as its error, as the worker sends it for a failed attempt."""
         try:
             result = self.get_result(task_id)
         except TaskNotRegistered:
             return
-        compat.task_finished.send(type(self), task_result=result)
+        send_task_finished(type(self), result, exception)
 
     # -- checks -------------------------------------------------------------------------
 

@@ -24,6 +24,9 @@
 #                    accepts connections (user: PGUSER or the login name)
 #   PYTHON_DJANGO61, PYTHON_DJANGO52
 #                    interpreter to use for that combination (skips the search)
+#   DTP_TEST_DB_PREFIX  a prefix for the PostgreSQL test databases' names (alice_ →
+#                    alice_test_test_django61), so that two checkouts can test against
+#                    one server; tox passes it on (passenv DTP_*)
 #   REQUIRE_POSTGRES=1  an unreachable PostgreSQL is an error rather than a skip
 #   ALLOW_NO_TESTS=1    a run that collects no tests (pytest exit 5) counts as passed
 #   CI=true          a combination whose Python cannot be found is an error

@@ -143,6 +143,17 @@ def worker_log(tmp_path: Path, index: int = 0) -> str:
     return (tmp_path / f"worker-{index}.log").read_text()
 
 
+# Django's default hasher (PBKDF2) spends ~0.3 s on each test user's password; the tests
+# never need a strong hash. Test runs only: the settings module stays as the demo uses it.
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Drop the metrics this process counted (docs/metrics.md): its exit-time flush would
     otherwise write them to the development database after the test one is gone."""

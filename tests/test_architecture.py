@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "backend and app API",
         ("backend", "operations", "context", "circuits", "selection", "metrics"),
     ),
-    ("enqueue and results", ("envelope", "results")),
+    ("enqueue and results", ("envelope", "results", "finished")),
     ("definitions, settings and seams", ("definition", "conf", "events", "middleware")),
     ("database boundary", ("db",)),
     ("tables", ("models",)),

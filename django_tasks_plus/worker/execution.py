@@ -39,6 +39,7 @@ from ..exceptions import (
     TaskTimeout,
     TransactionLeaked,
 )
+from ..finished import send_task_finished
 from ..lifecycle import (
     Aborted,
     ClaimedTask,
@@ -417,15 +418,8 @@ class TaskRunner:
 
     def _announce(self, result: compat.TaskResult, exception: BaseException | None) -> None:
         """Send ``task_finished``; re-raise a failure around it so receivers see it."""
-        sender = type(self.backend)
         try:
-            if exception is None:
-                compat.task_finished.send(sender=sender, task_result=result)
-                return
-            try:
-                raise exception
-            except BaseException:
-                compat.task_finished.send(sender=sender, task_result=result)
+            send_task_finished(type(self.backend), result, exception)
         except Exception:
             logger.exception("A task_finished receiver failed for task %s", result.id)
 

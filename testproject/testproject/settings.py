@@ -13,13 +13,16 @@ Configuration comes from environment variables only (no ``.env`` file is read):
                      (``OPTIONS["pool"]``; the ``pgpool`` test environment)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
                      startup (default: see ``_task_modules_outside_apps``)
+``DTP_TEST_DB_PREFIX`` prefix of the PostgreSQL test database's name (default none)
 """
 
+import re
 import sys
 from pathlib import Path
 
 import django
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 # The folder holding manage.py.
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -40,6 +43,20 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"] if DEBUG else [])
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
+
+# DTP_TEST_DB_PREFIX prefixes the PostgreSQL *test* database's name ("test_" + NAME by
+# default), so that two checkouts testing against one server never share (and drop) each
+# other's test databases (docs/development.md).
+TEST_DB_PREFIX = env.str("DTP_TEST_DB_PREFIX", default="")
+if TEST_DB_PREFIX and DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,30}", TEST_DB_PREFIX):
+        raise ImproperlyConfigured(
+            f"DTP_TEST_DB_PREFIX={TEST_DB_PREFIX!r}: use 1 to 30 letters, digits or underscores."
+        )
+    DATABASES["default"]["TEST"] = {
+        **DATABASES["default"].get("TEST", {}),
+        "NAME": f"{TEST_DB_PREFIX}test_{DATABASES['default']['NAME']}",
+    }
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
