@@ -32,6 +32,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 
+from ..exceptions import UnsupportedDatabase
+
 
 def is_pooled(connection: BaseDatabaseWrapper) -> bool:
     """Whether ``connection`` takes its sessions from Django's connection pool."""
@@ -71,10 +73,15 @@ def forget_worker_bounds(sender: Any, connection: BaseDatabaseWrapper, **kwargs:
     """``connection_created`` receiver: a pooled session that carries the worker's
     bounds (which only a bookkeeping thread outside ``outside_the_pool`` could have left
     there) gets its settings back before anyone uses it."""
-    from . import DIALECTS, dialect_for
+    from . import dialect_for
 
-    if is_pooled(connection) and connection.vendor in DIALECTS:
-        dialect_for(connection).unbound_worker_statements(connection)
+    if not is_pooled(connection):
+        return
+    try:
+        dialect = dialect_for(connection)
+    except UnsupportedDatabase:  # a pool of a database the worker never runs on
+        return
+    dialect.unbound_worker_statements(connection)
 
 
 def guard_pooled_sessions() -> None:
