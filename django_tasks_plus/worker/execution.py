@@ -37,6 +37,7 @@ from ..exceptions import (
     TaskDeferred,
     TaskNotRegistered,
     TaskTimeout,
+    TimeOutOfRange,
     TransactionLeaked,
 )
 from ..lifecycle import (
@@ -293,7 +294,10 @@ class TaskRunner:
             )
         if raised is None:
             if isinstance(value, Hold):
-                return self._held(claimed, value), None
+                try:
+                    return self._held(claimed, value), None
+                except TimeOutOfRange as refused:
+                    return _refused_time(claimed, refused)
             try:
                 return Succeeded(to_json(value, "return value")), None
             except EncodeError as exc:
@@ -303,7 +307,11 @@ class TaskRunner:
                 error.__cause__ = exc
                 return Aborted(error, format_traceback(error)), error
         if isinstance(raised, TaskDeferred):
-            return Deferred(deferred_until(self.clock(), raised.delay, raised.run_after)), None
+            try:
+                when = deferred_until(self.clock(), raised.delay, raised.run_after)
+            except TimeOutOfRange as refused:  # too far by the database's clock: a failure
+                return _refused_time(claimed, refused)
+            return Deferred(when), None
         if isinstance(raised, Abort | Cancelled):
             return Aborted(raised, format_traceback(raised)), raised
         if self._cancel_requested(claimed):
@@ -317,7 +325,9 @@ class TaskRunner:
 
     def _held(self, claimed: ClaimedTask, hold: Hold) -> Held:
         """A middleware held the task back: READY again at ``until``, no attempt spent."""
-        until = deferred_until(self.clock(), hold.delay, hold.until)
+        until = deferred_until(
+            self.clock(), hold.delay, hold.until, source=("Hold delay", "Hold until")
+        )
         logger.info(
             "Task %s (%s) held until %s without spending an attempt: %s",
             claimed.id,
@@ -428,6 +438,14 @@ class TaskRunner:
                 compat.task_finished.send(sender=sender, task_result=result)
         except Exception:
             logger.exception("A task_finished receiver failed for task %s", result.id)
+
+
+def _refused_time(claimed: ClaimedTask, refused: TimeOutOfRange) -> tuple[Event, BaseException]:
+    """A deferral or hold whose time is out of range by the worker's clock (the check
+    when it was created uses the host's): that attempt fails with the typed error, and
+    the task's retry policy decides, as for any failure."""
+    logger.warning("Task %s (%s): %s", claimed.id, claimed.task_path, describe(refused))
+    return Failed(refused, format_traceback(refused)), refused
 
 
 def _run_all(jobs: list[Callable[[], None]]) -> None:
