@@ -395,27 +395,45 @@ class TaskRunner:
         announce: Callable[[], None] | None,
         landed: bool,
     ) -> None:
-        """Runs on the reporter thread: keep it short, and never raise."""
-        status = outcome.status
-        if landed:
-            if announce is not None:
-                self._announcements.append(announce)
-            events.emit_outcome(claimed, outcome, seconds, self.clock)
-        else:
+        """Runs on the reporter thread: keep it short. Whatever happens, the lease is
+        released (``on_written``), so one task's values cannot stall the worker."""
+        try:
+            status = outcome.status
+            if landed:
+                if announce is not None:
+                    self._announcements.append(announce)
+                events.emit_outcome(claimed, outcome, seconds, self.clock)
+            else:
+                logger.warning(
+                    "Task %s: lease lost (another worker owns it now) or the write was "
+                    "refused; its outcome (%s) is discarded.",
+                    claimed.id,
+                    status,
+                )
+            # A landed hold was logged by _held already, when the middleware answered.
+            if self.log_each_task and (outcome.held_because is None or not landed):
+                logger.info(
+                    "%s%s",
+                    self._outcome_line(claimed, outcome, seconds),
+                    "" if landed else " [result discarded: lease lost]",
+                )
+        finally:
+            self.on_written(claimed)
+
+    def _outcome_line(self, claimed: ClaimedTask, outcome: Transition, seconds: float) -> str:
+        """The ``-v 1`` line; if a value in the outcome cannot be described, a plainer
+        line that says so (the row itself is written either way)."""
+        try:
+            return describe_outcome(claimed, outcome, seconds, self.clock())
+        except Exception as exc:
             logger.warning(
-                "Task %s: lease lost (another worker owns it now) or the write was refused; "
-                "its outcome (%s) is discarded.",
+                "Task %s: its outcome could not be described for the log (%s: %s).",
                 claimed.id,
-                status,
+                exception_path(exc),
+                describe(exc),
             )
-        # A landed hold was logged by _held already, when the middleware answered.
-        if self.log_each_task and (outcome.held_because is None or not landed):
-            logger.info(
-                "%s%s",
-                describe_outcome(claimed, outcome, seconds, self.clock()),
-                "" if landed else " [result discarded: lease lost]",
-            )
-        self.on_written(claimed)
+            head = f"Task {claimed.id} {claimed.task_path}"
+            return f"{head} {outcome.status} (attempt {claimed.attempt})"
 
     def after_batch(self) -> None:
         """Reporter thread, after a batch: send its ``task_finished`` signals on a worker
