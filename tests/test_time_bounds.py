@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.utils import timezone as django_timezone
 
 from django_tasks_plus import (
@@ -39,6 +39,7 @@ from django_tasks_plus.breaker import MAX_DURATION
 from django_tasks_plus.compat import TaskResultStatus, task_backends
 from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.db import dialect_for
+from django_tasks_plus.db.store import apply_transition as store_apply_transition
 from django_tasks_plus.definition import validate_task_options
 from django_tasks_plus.lifecycle import (
     ClaimedTask,
@@ -50,7 +51,7 @@ from django_tasks_plus.lifecycle import (
 )
 from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.retry import next_delay
-from django_tasks_plus.worker import execution
+from django_tasks_plus.worker import execution, reaper
 from django_tasks_plus.worker.execution import TaskRunner
 from django_tasks_plus.worker.reporter import Reporter
 from django_tasks_plus.worker.tasklog import describe_outcome
@@ -342,6 +343,47 @@ def test_an_outcome_that_cannot_be_described_is_logged_plainly_and_ends_its_leas
     messages = [record.getMessage() for record in caplog.records]
     assert any("t-hostile: its outcome could not be described" in m for m in messages)
     assert "Task t-hostile tests.tasks.add SUCCESSFUL (attempt 1)" in messages
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reaper_settles_alone_a_row_whose_outcome_the_database_refuses(monkeypatch):
+    """An expired lease whose outcome the database refuses (injected here: no value the
+    library builds is refused any more) is dead-lettered alone with OutcomeNotStorable;
+    today's main re-raises, so that row fails every reaper round and the expired leases
+    behind it are never returned."""
+    backend = task_backends["default"]
+    first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+    expired = dialect_for(connection).claim(
+        connection,
+        backend_name="default",
+        queues=["default"],
+        limit=2,
+        worker_id="dead-worker",
+        lease_token=uuid.uuid4().hex,
+        visibility_timeout=-1,  # already expired
+    )
+    assert {task.id for task in expired} == {first.id, second.id}
+    refused_once: list[str] = []
+
+    def apply_transition(database: str, task: ClaimedTask, outcome: Transition, **kw: Any):  # type: ignore[no-untyped-def]
+        if task.id == first.id and not refused_once:
+            refused_once.append(task.id)
+            raise DataError("value out of range for this column")
+        return store_apply_transition(database, task, outcome, **kw)
+
+    monkeypatch.setattr(reaper, "apply_transition", apply_transition)
+    assert reaper.reap_expired(backend, django_timezone.now) == 2
+
+    refused = TaskRecord.objects.get(pk=first.id)
+    assert refused.status == TaskResultStatus.FAILED
+    assert refused.errors[-1]["exception_class_path"] == (
+        "django_tasks_plus.exceptions.OutcomeNotStorable"
+    )
+    returned = TaskRecord.objects.get(pk=second.id)
+    assert returned.status == TaskResultStatus.READY  # LeaseExpired: retried by its policy
+    assert returned.errors[-1]["exception_class_path"] == (
+        "django_tasks_plus.exceptions.LeaseExpired"
+    )
 
 
 # -- real workers meet such times next to ordinary tasks -----------------------------------
