@@ -33,8 +33,9 @@ logger = logging.getLogger("django_tasks_plus.worker")
 def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit: int = 100) -> int:
     """Settle up to ``limit`` expired leases; return how many this call settled.
 
-    A row that cannot be settled is logged and skipped: one hostile row must not stop
-    the others from being returned. Database errors are the caller's to retry.
+    A row that cannot be settled is logged and skipped, and a row whose outcome the
+    database refuses is dead-lettered alone (``_write``): one hostile row must not stop
+    the others from being returned. Other database errors are the caller's to retry.
     """
     settled = 0
     for claimed in expired_tasks(backend.settings.database, backend.alias, limit):
