@@ -26,6 +26,7 @@ from .exceptions import (
     TaskNotRegistered,
     TasksPlusError,
     TaskTimeout,
+    TimeOutOfRange,
     TransactionLeaked,
     UnsupportedDatabase,
 )
@@ -39,10 +40,12 @@ from .operations import (
     redrive,
 )
 from .retry import ExponentialBackoff, RetryPolicy, exponential_backoff, no_retry
+from .timebounds import HORIZON
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "HORIZON",
     "Abort",
     "Breaker",
     "BreakerHeldTooLong",
@@ -70,6 +73,7 @@ __all__ = [
     "TaskResultStatus",
     "TaskTimeout",
     "TasksPlusError",
+    "TimeOutOfRange",
     "TransactionLeaked",
     "UnsupportedDatabase",
     "aenqueue_many",

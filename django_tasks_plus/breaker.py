@@ -22,7 +22,6 @@ and locks the stored circuit, asks these functions what to do, and writes the re
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -31,6 +30,7 @@ from typing import Any
 
 from .exceptions import Abort, Cancelled, InvalidTaskOptions, TaskDeferred
 from .limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
+from .timebounds import HORIZON, as_delay
 
 DEFAULT_FAILURE_THRESHOLD = 5
 DEFAULT_FAILURE_WINDOW = timedelta(minutes=5)
@@ -41,9 +41,9 @@ DEFAULT_RELEASE_INTERVAL = timedelta(seconds=1)
 # most this many, so a stored circuit stays small whatever the predicate wants.
 PREDICATE_RETENTION = timedelta(hours=1)
 MAX_REMEMBERED_FAILURES = 1000
-# A duration longer than this is almost always a unit mistake, and one near
-# ``timedelta.max`` would overflow the datetime arithmetic of ``decide``/``prune``.
-MAX_DURATION = timedelta(days=3650)
+# The longest duration: the bound on every time from user code (``timebounds``). One
+# near ``timedelta.max`` would also overflow the datetime arithmetic of ``decide``/``prune``.
+MAX_DURATION = HORIZON
 # Exceptions that say nothing about the remote host: the task decided (Abort), asked to
 # run later (TaskDeferred) or stopped on request (Cancelled). Not failures by default.
 NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred, Cancelled)
@@ -73,23 +73,13 @@ class DroppedTask:
 
 
 def _duration(value: Any, name: str) -> timedelta:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise InvalidTaskOptions(f"Breaker {name} must be finite, got {value!r}.")
-        try:
-            value = timedelta(seconds=value)
-        except OverflowError:
-            raise InvalidTaskOptions(f"Breaker {name} is out of range, got {value!r}.") from None
-    if not isinstance(value, timedelta):
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise InvalidTaskOptions(
             f"Breaker {name} must be a timedelta or a number of seconds, got {value!r}."
         )
+    value = as_delay(value, f"Breaker {name}")  # TimeOutOfRange past the horizon
     if value <= timedelta(0):
         raise InvalidTaskOptions(f"Breaker {name} must be positive, got {value}.")
-    if value > MAX_DURATION:
-        raise InvalidTaskOptions(
-            f"Breaker {name} must be at most {MAX_DURATION.days} days, got {value}."
-        )
     return value
 
 

@@ -17,10 +17,11 @@ from django.utils.module_loading import import_string
 
 from .compat import DEFAULT_TASK_QUEUE_NAME
 from .doers import make_doer
-from .exceptions import InvalidBackendOptions, InvalidRetryPolicy
+from .exceptions import InvalidBackendOptions, InvalidRetryPolicy, TimeOutOfRange
 from .limits import QUEUE_NAME_MAX_LENGTH
 from .middleware import Middleware, load_middleware
 from .retry import RetryPolicy, exponential_backoff, no_retry, validate_policy
+from .timebounds import as_delay
 
 # Every OPTIONS key with its default, written only here: BackendSettings' field defaults
 # and the unknown-key check read this table. "RETRY": "default" means exponential_backoff().
@@ -334,8 +335,12 @@ def _duration(alias: str, key: str, value: Any) -> timedelta:
     if isinstance(value, timedelta):
         if value <= timedelta(0):
             raise _fail(alias, key, f"must be a positive duration, got {value}.")
-        return value
-    return timedelta(seconds=_positive_number(alias, key, value))
+    else:
+        value = _positive_number(alias, key, value)
+    try:
+        return as_delay(value, key)  # the one bound on times (``timebounds``)
+    except TimeOutOfRange as exc:
+        raise _fail(alias, key, str(exc).removeprefix(f"{key} ")) from exc
 
 
 def _queues_config(

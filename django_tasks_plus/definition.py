@@ -31,12 +31,10 @@ from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
 from .schema import PayloadSchema, check_schema_signature, compile_schema
+from .timebounds import as_delay, not_beyond_horizon
 
 ORDERING_FAILURES = ("continue", "block")
 DEDUP_SCOPES = ("ttl", "finished")
-# A run_after further ahead than this is almost always a unit mistake (milliseconds as
-# seconds, a year typo); refusing it beats a task that silently never runs.
-RUN_AFTER_HORIZON = timedelta(days=3650)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,11 +131,7 @@ def _check_run_after(task: Task) -> None:
     run_after = task.run_after
     if not isinstance(run_after, datetime) or run_after.tzinfo is None:
         return  # Django's own validation refuses naive datetimes first
-    if run_after - timezone.now() > RUN_AFTER_HORIZON:
-        raise InvalidTaskOptions(
-            f"{task.module_path}: run_after {run_after.isoformat()} is more than "
-            f"{RUN_AFTER_HORIZON.days} days ahead; a date that far is taken for a mistake."
-        )
+    not_beyond_horizon(run_after, f"{task.module_path}: run_after", now=timezone.now())
 
 
 def _short(value: Any) -> str:
@@ -163,6 +157,8 @@ def validate_task_options(task: Task) -> None:
             f"{task.module_path}: timeout must be a positive number of seconds or None, "
             f"got {timeout!r}."
         )
+    if timeout is not None:
+        as_delay(timeout, f"{task.module_path}: timeout")
     if task.ordering_failure not in ORDERING_FAILURES:
         raise InvalidTaskOptions(
             f"{task.module_path}: ordering_failure must be 'continue' or 'block', "
@@ -181,6 +177,8 @@ def validate_task_options(task: Task) -> None:
         raise InvalidTaskOptions(
             f"{task.module_path}: dedup_ttl must be a positive timedelta or seconds, got {ttl!r}."
         )
+    if ttl is not None:
+        as_delay(ttl, f"{task.module_path}: dedup_ttl")
     if task.schema is not None:
         compiled_schema(task)  # raises InvalidTaskOptions for an unusable schema
     if task.middleware != ():

@@ -59,6 +59,9 @@ elif VARIANT == "fast-metrics":
             },
         }
     }
+elif VARIANT == "east-of-utc":
+    # A project far east of UTC: 9999-12-31 23:59 UTC is already year 10000 locally.
+    TIME_ZONE = "Pacific/Kiritimati"
 elif VARIANT:
     raise ImproperlyConfigured(f"Unknown DTP_SETTINGS_VARIANT {VARIANT!r}.")
 

@@ -626,3 +626,53 @@ def sleeps_in_database(seconds: float) -> float:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(%s)", [seconds])
     return seconds
+
+
+# -- times beyond the horizon (tests/test_time_bounds.py) ---------------------------------
+
+LAST_MOMENT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+ONCE = exponential_backoff(max_attempts=1)
+
+
+def _count_run(name: str) -> None:
+    marker = _marker(f"runs-{name}")
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n")
+
+
+@task(retry=ONCE)
+def defers_to_the_last_moment() -> None:
+    """Defers to 9999-12-31 23:59:59.999999 UTC: far past the horizon."""
+    _count_run("defers-to-the-last-moment")
+    raise TaskDeferred(run_after=LAST_MOMENT)
+
+
+@task(retry=ONCE)
+def defers_for_ever() -> None:
+    _count_run("defers-for-ever")
+    raise TaskDeferred(delay=dt.timedelta.max)
+
+
+@task(middleware=["tests.middlewares.holds_past_the_horizon"], retry=ONCE)
+def held_past_the_horizon(how: str) -> None:
+    _count_run(f"held-past-the-horizon-{how}")
+
+
+class UnprintableTime(dt.datetime):
+    """A time whose text cannot be made: formatting it for a log line raises."""
+
+    def strftime(self, fmt: str) -> str:
+        raise RuntimeError("no text for this time")
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        raise RuntimeError("no text for this time")
+
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("no text for this time")
+
+
+@task(retry=ONCE)
+def defers_to_an_unprintable_time() -> None:
+    _count_run("defers-to-an-unprintable-time")
+    raise TaskDeferred(run_after=UnprintableTime.fromtimestamp(time.time() + 3600, dt.UTC))

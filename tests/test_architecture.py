@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
         ),
     ),
-    ("foundation", ("compat", "exceptions")),
+    ("foundation", ("compat", "exceptions", "timebounds")),
 ]
 PURE = "pure"
 MIGRATIONS = f"{PACKAGE}.migrations"

@@ -37,6 +37,7 @@ from ..exceptions import (
     TaskDeferred,
     TaskNotRegistered,
     TaskTimeout,
+    TimeOutOfRange,
     TransactionLeaked,
 )
 from ..finished import send_task_finished
@@ -294,7 +295,10 @@ class TaskRunner:
             )
         if raised is None:
             if isinstance(value, Hold):
-                return self._held(claimed, value), None
+                try:
+                    return self._held(claimed, value), None
+                except TimeOutOfRange as refused:
+                    return _refused_time(claimed, refused)
             try:
                 return Succeeded(to_json(value, "return value")), None
             except EncodeError as exc:
@@ -304,7 +308,11 @@ class TaskRunner:
                 error.__cause__ = exc
                 return Aborted(error, format_traceback(error)), error
         if isinstance(raised, TaskDeferred):
-            return Deferred(deferred_until(self.clock(), raised.delay, raised.run_after)), None
+            try:
+                when = deferred_until(self.clock(), raised.delay, raised.run_after)
+            except TimeOutOfRange as refused:  # too far by the database's clock: a failure
+                return _refused_time(claimed, refused)
+            return Deferred(when), None
         if isinstance(raised, Abort | Cancelled):
             return Aborted(raised, format_traceback(raised)), raised
         if self._cancel_requested(claimed):
@@ -318,7 +326,9 @@ class TaskRunner:
 
     def _held(self, claimed: ClaimedTask, hold: Hold) -> Held:
         """A middleware held the task back: READY again at ``until``, no attempt spent."""
-        until = deferred_until(self.clock(), hold.delay, hold.until)
+        until = deferred_until(
+            self.clock(), hold.delay, hold.until, source=("Hold delay", "Hold until")
+        )
         logger.info(
             "Task %s (%s) held until %s without spending an attempt: %s",
             claimed.id,
@@ -386,27 +396,45 @@ class TaskRunner:
         announce: Callable[[], None] | None,
         landed: bool,
     ) -> None:
-        """Runs on the reporter thread: keep it short, and never raise."""
-        status = outcome.status
-        if landed:
-            if announce is not None:
-                self._announcements.append(announce)
-            events.emit_outcome(claimed, outcome, seconds, self.clock)
-        else:
+        """Runs on the reporter thread: keep it short. Whatever happens, the lease is
+        released (``on_written``), so one task's values cannot stall the worker."""
+        try:
+            status = outcome.status
+            if landed:
+                if announce is not None:
+                    self._announcements.append(announce)
+                events.emit_outcome(claimed, outcome, seconds, self.clock)
+            else:
+                logger.warning(
+                    "Task %s: lease lost (another worker owns it now) or the write was "
+                    "refused; its outcome (%s) is discarded.",
+                    claimed.id,
+                    status,
+                )
+            # A landed hold was logged by _held already, when the middleware answered.
+            if self.log_each_task and (outcome.held_because is None or not landed):
+                logger.info(
+                    "%s%s",
+                    self._outcome_line(claimed, outcome, seconds),
+                    "" if landed else " [result discarded: lease lost]",
+                )
+        finally:
+            self.on_written(claimed)
+
+    def _outcome_line(self, claimed: ClaimedTask, outcome: Transition, seconds: float) -> str:
+        """The ``-v 1`` line; if a value in the outcome cannot be described, a plainer
+        line that says so (the row itself is written either way)."""
+        try:
+            return describe_outcome(claimed, outcome, seconds, self.clock())
+        except Exception as exc:
             logger.warning(
-                "Task %s: lease lost (another worker owns it now) or the write was refused; "
-                "its outcome (%s) is discarded.",
+                "Task %s: its outcome could not be described for the log (%s: %s).",
                 claimed.id,
-                status,
+                exception_path(exc),
+                describe(exc),
             )
-        # A landed hold was logged by _held already, when the middleware answered.
-        if self.log_each_task and (outcome.held_because is None or not landed):
-            logger.info(
-                "%s%s",
-                describe_outcome(claimed, outcome, seconds, self.clock()),
-                "" if landed else " [result discarded: lease lost]",
-            )
-        self.on_written(claimed)
+            head = f"Task {claimed.id} {claimed.task_path}"
+            return f"{head} {outcome.status} (attempt {claimed.attempt})"
 
     def after_batch(self) -> None:
         """Reporter thread, after a batch: send its ``task_finished`` signals on a worker
@@ -422,6 +450,14 @@ class TaskRunner:
             send_task_finished(type(self.backend), result, exception)
         except Exception:
             logger.exception("A task_finished receiver failed for task %s", result.id)
+
+
+def _refused_time(claimed: ClaimedTask, refused: TimeOutOfRange) -> tuple[Event, BaseException]:
+    """A deferral or hold whose time is out of range by the worker's clock (the check
+    when it was created uses the host's): that attempt fails with the typed error, and
+    the task's retry policy decides, as for any failure."""
+    logger.warning("Task %s (%s): %s", claimed.id, claimed.task_path, describe(refused))
+    return Failed(refused, format_traceback(refused)), refused
 
 
 def _run_all(jobs: list[Callable[[], None]]) -> None:
