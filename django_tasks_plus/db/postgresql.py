@@ -222,7 +222,8 @@ class PostgreSQLDialect(Dialect):
         # psycopg 3 and psycopg 2 both report libpq's transaction status.
         if raw.closed:
             return DriverState(autocommit=False, in_transaction=False, usable=False)
-        status = int(raw.info.transaction_status)
+        pgconn = getattr(raw, "pgconn", None)  # psycopg 3: skips building a ConnectionInfo
+        status = int((pgconn if pgconn is not None else raw.info).transaction_status)
         return DriverState(
             autocommit=bool(raw.autocommit),
             in_transaction=status in (PQTRANS_INTRANS, PQTRANS_INERROR),

@@ -54,23 +54,21 @@ def _driver_state(connection: BaseDatabaseWrapper) -> DriverState | None:
         return None
 
 
-def leaked_transaction(connection: BaseDatabaseWrapper) -> bool:
+def leaked_transaction(connection: BaseDatabaseWrapper, state: DriverState | None) -> bool:
     """Whether a transaction (or an ``atomic`` block) is open on this connection, by
-    Django's record or by the driver's, whichever says so."""
+    Django's record or by the driver's (``state``), whichever says so."""
     if connection.in_atomic_block:
         return True
     if connection.connection is None:
         return False
     if not connection.autocommit:  # not get_autocommit(): that would connect
         return True
-    state = _driver_state(connection)
     return state is not None and state.in_transaction
 
 
-def out_of_step(connection: BaseDatabaseWrapper) -> bool:
+def out_of_step(state: DriverState | None) -> bool:
     """Whether the driver contradicts Django's "autocommit, no transaction" (autocommit
     off underneath), or cannot take the next query (mid-query, closed, lost track)."""
-    state = _driver_state(connection)
     return state is not None and (not state.autocommit or not state.usable)
 
 
@@ -105,12 +103,13 @@ def clean_up_after_attempt(*, interrupted: bool = False) -> list[str]:
     """
     leaked: list[str] = []
     for connection in connections.all(initialized_only=True):
-        if leaked_transaction(connection):
+        state = _driver_state(connection)
+        if leaked_transaction(connection, state):
             leaked.append(connection.alias)
             discard(connection)
         elif connection.connection is None:
             connection.errors_occurred = False
-        elif out_of_step(connection):
+        elif out_of_step(state):
             logger.warning(
                 "Database %r connection: the driver's transaction state was out of step "
                 "with Django's (autocommit off, or a query still in flight); closed it.",
