@@ -178,6 +178,19 @@ class Dialect(ABC):
         """Problems that stop this database from running the queue (empty if none)."""
         return []
 
+    # -- the driver's own view of a connection (attribute reads, never a query) ---------
+
+    def driver_state(self, raw: Any) -> DriverState | None:
+        """What the driver connection ``raw`` says about its transaction; None when this
+        dialect cannot tell (then Django's record is all there is)."""
+        return None
+
+    def hung_up(self, raw: Any) -> bool:
+        """Whether the server has (probably) closed the idle connection ``raw``, seen
+        without a round trip; a True may be a false alarm, to be confirmed by a query.
+        The default cannot tell: False."""
+        return False
+
     # -- the clock -----------------------------------------------------------------------
 
     @abstractmethod
@@ -203,19 +216,6 @@ class Dialect(ABC):
 
         The default does nothing: a database without such settings waits as it waits."""
         return None
-
-    # -- the driver's own view of a connection (attribute reads, never a query) ---------
-
-    def driver_state(self, raw: Any) -> DriverState | None:
-        """What the driver connection ``raw`` says about its transaction; None when this
-        dialect cannot tell (then Django's record is all there is)."""
-        return None
-
-    def hung_up(self, raw: Any) -> bool:
-        """Whether the server has (probably) closed the idle connection ``raw``, seen
-        without a round trip; a True may be a false alarm, to be confirmed by a query.
-        The default cannot tell: False."""
-        return False
 
     # -- enqueue -------------------------------------------------------------------------
 

@@ -203,21 +203,6 @@ class PostgreSQLDialect(Dialect):
             landed.update(str(row[0]) for row in rows)
         return [claimed.id in landed for claimed, _ in completions]
 
-    def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
-        return LEASE_EXPIRY, [seconds]
-
-    def parse_time(self, value: Any) -> datetime:
-        return value
-
-    def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
-        raw = connection.connection
-        if raw is None or getattr(raw, "_dtp_bounded", None) == seconds:
-            return
-        milliseconds = max(1, int(seconds * 1000))
-        with connection.cursor() as cursor:
-            cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
-        raw._dtp_bounded = seconds
-
     def driver_state(self, raw: Any) -> DriverState:
         # psycopg 3 and psycopg 2 both report libpq's transaction status.
         if raw.closed:
@@ -241,15 +226,20 @@ class PostgreSQLDialect(Dialect):
         except Exception:  # no socket any more (the driver closed it): it is gone
             return True
 
+    def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
+        return LEASE_EXPIRY, [seconds]
 
-def _readable(fd: int) -> bool:
-    """Whether ``fd`` has data (or an end of file) waiting, without waiting."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLPRI)
-        return bool(poller.poll(0))
-    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
-    return bool(readable)
+    def parse_time(self, value: Any) -> datetime:
+        return value
+
+    def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        raw = connection.connection
+        if raw is None or getattr(raw, "_dtp_bounded", None) == seconds:
+            return
+        milliseconds = max(1, int(seconds * 1000))
+        with connection.cursor() as cursor:
+            cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
+        raw._dtp_bounded = seconds
 
 
 @lru_cache(maxsize=64)
@@ -295,3 +285,13 @@ def _records(names: tuple[str, ...], members: Sequence[Completion]) -> str:
             record[name] = values[name]
         records.append(record)
     return _RECORDS.encode(records)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has data (or an end of file) waiting, without waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+    return bool(readable)
