@@ -307,6 +307,93 @@ def leaks_autocommit_off(n: int) -> int:
     return n
 
 
+# -- connections under faults (tests/test_task_connections.py) ----------------------------
+
+
+@task(retry=exponential_backoff(max_attempts=1), timeout=0.02, priority=10)
+def times_out_in_atomic() -> None:
+    """Enters and leaves empty atomic blocks until its timeout: the TaskTimeout lands in
+    Django's transaction bookkeeping as often as not."""
+    from django.db import transaction
+
+    while True:
+        with transaction.atomic():
+            pass
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def leaks_driver_transaction(n: int) -> int:
+    """A raw BEGIN: Django's flags stay at "autocommit, no transaction" while the driver
+    has one open (the state a timeout inside atomic() can leave)."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (n, pid) VALUES (%s, %s)", [n, os.getpid()])
+    return n
+
+
+RECEIPTS_TABLE = "dtp_test_receipts"
+
+
+def _touch(name: str) -> None:
+    marker = _marker(name)
+    if marker is not None:
+        marker.touch()
+
+
+def _wait_for_marker(name: str, seconds: float = 30) -> None:
+    marker = _marker(name)
+    deadline = time.monotonic() + seconds
+    while marker is not None and not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@task(takes_context=True)
+def gated(context, gate: str) -> str:  # type: ignore[no-untyped-def]
+    """Waits (up to 30 s) for the marker ``gate``; its task_finished writes a receipt."""
+    task_id = context.task_result.id
+    _touch(f"waiting-{task_id}")
+    _wait_for_marker(gate)
+    _touch(f"done-{task_id}")
+    return gate
+
+
+@task(takes_context=True)
+def gated_pausing_receiver(context, gate: str) -> str:  # type: ignore[no-untyped-def]
+    """As ``gated``; its receipt receiver then pauses until the marker ``resume``."""
+    return gated.func(context, gate)
+
+
+def _write_receipt(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
+    """Writes one receipt row per finished gated task, on the task thread's connection,
+    and logs whether it could (``receipts.log``): what a receiver that writes does."""
+    path = getattr(task_result.task, "module_path", "")
+    if path not in (gated.module_path, gated_pausing_receiver.module_path):
+        return
+    log = _marker("receipts.log")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {RECEIPTS_TABLE} (task_id, backend_pid) "
+                "VALUES (%s, pg_backend_pid()) RETURNING backend_pid",
+                [str(task_result.id)],
+            )
+            (backend_pid,) = cursor.fetchone()
+    except Exception as exc:
+        if log is not None:
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(f"failed {task_result.id} {type(exc).__name__}\n")
+        raise
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"wrote {task_result.id} {backend_pid}\n")
+    if path == gated_pausing_receiver.module_path:
+        _touch(f"paused-{backend_pid}")
+        _wait_for_marker("resume")
+
+
+task_finished.connect(_write_receipt, dispatch_uid="dtp-tests-receipts")
+
+
 class UnprintableError(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no message for you")

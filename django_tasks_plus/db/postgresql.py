@@ -8,6 +8,7 @@ is fixed, so psycopg parses it once.
 from __future__ import annotations
 
 import json
+import select
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -20,6 +21,7 @@ from . import sql
 from .base import (
     NOTIFY_CHANNEL,
     Dialect,
+    DriverState,
     claimed_from_row,
     column,
     insert_statements,
@@ -30,6 +32,11 @@ from .pgexec import fetch_all
 
 if TYPE_CHECKING:
     from .completions import Completion
+
+# libpq's PQtransactionStatus values (psycopg 3's pq.TransactionStatus, psycopg 2's
+# extensions.TRANSACTION_STATUS_*): idle, a query in flight, in a transaction, in a failed
+# one; anything else (PQTRANS_UNKNOWN) is a connection libpq has lost track of.
+PQTRANS_IDLE, PQTRANS_ACTIVE, PQTRANS_INTRANS, PQTRANS_INERROR = 0, 1, 2, 3
 
 # Batches at least this big go through COPY, which skips SQL parsing of every row.
 COPY_THRESHOLD = 64
@@ -202,6 +209,29 @@ class PostgreSQLDialect(Dialect):
             landed.update(str(row[0]) for row in rows)
         return [claimed.id in landed for claimed, _ in completions]
 
+    def driver_state(self, raw: Any) -> DriverState:
+        # psycopg 3 and psycopg 2 both report libpq's transaction status.
+        if raw.closed:
+            return DriverState(autocommit=False, in_transaction=False, usable=False)
+        pgconn = getattr(raw, "pgconn", None)  # psycopg 3: skips building a ConnectionInfo
+        status = int((pgconn if pgconn is not None else raw.info).transaction_status)
+        return DriverState(
+            autocommit=bool(raw.autocommit),
+            in_transaction=status in (PQTRANS_INTRANS, PQTRANS_INERROR),
+            usable=status in (PQTRANS_IDLE, PQTRANS_INTRANS, PQTRANS_INERROR),
+        )
+
+    def hung_up(self, raw: Any) -> bool:
+        """An idle session's socket has nothing to read, unless the server wrote first: a
+        backend that is terminated (``pg_terminate_backend``, a restart) sends its FATAL
+        message and closes. A notice or notification also wakes it: a false alarm."""
+        if raw.closed:
+            return True
+        try:
+            return _readable(raw.fileno())
+        except Exception:  # no socket any more (the driver closed it): it is gone
+            return True
+
     def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
         return LEASE_EXPIRY, [seconds]
 
@@ -269,3 +299,13 @@ def _records(names: tuple[str, ...], members: Sequence[Completion]) -> str:
             record[name] = values[name]
         records.append(record)
     return _RECORDS.encode(records)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has data (or an end of file) waiting, without waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+    return bool(readable)

@@ -19,7 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from ..lifecycle import ClaimedTask
 from . import sql
-from .base import Dialect, claimed_from_row, insert_statements, sort_claimed
+from .base import Dialect, DriverState, claimed_from_row, insert_statements, sort_claimed
 
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE … RETURNING
 
@@ -91,6 +91,18 @@ class SQLiteDialect(Dialect):
                 f"{wanted}+ for UPDATE … RETURNING."
             ]
         return []
+
+    def driver_state(self, raw: Any) -> DriverState:
+        # Django runs SQLite's driver with isolation_level None for autocommit, and an
+        # explicit BEGIN for atomic blocks; in_transaction is SQLite's own answer.
+        try:
+            return DriverState(
+                autocommit=raw.isolation_level is None,
+                in_transaction=raw.in_transaction,
+                usable=True,
+            )
+        except sqlite3.ProgrammingError:  # closed
+            return DriverState(autocommit=False, in_transaction=False, usable=False)
 
     def insert_tasks(
         self,

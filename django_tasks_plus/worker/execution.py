@@ -6,7 +6,9 @@ Nothing a task does can crash the worker: every exception, including ``SystemExi
 it never raises (``lifecycle.describe``). A row that cannot run at all (unknown path,
 corrupt arguments) is dead-lettered with the reason. After every attempt the thread's
 connections are cleaned (``hygiene``): a transaction the task left open is rolled back,
-and the attempt fails with ``TransactionLeaked`` rather than report a lost success.
+and the attempt fails with ``TransactionLeaked`` rather than report a lost success. Before
+the task's code and before each ``task_finished`` send, a connection the server hung up
+on is replaced, so neither runs on a connection already known to be dead.
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
 from ..stored import CorruptJson
-from .hygiene import clean_up_after_attempt, refresh_connections
+from .hygiene import clean_up_after_attempt, replace_lost_connections
 from .outcome import outcome_for
 from .tasklog import describe_outcome
-from .timeouts import AttemptTimer
+from .timeouts import AttemptTimer, interrupted
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
@@ -167,7 +169,8 @@ class TaskRunner:
         except BaseException as exc:  # last line of defence: the worker thread must survive
             logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
             self._fail_unexpectedly(claimed, exc, started)
-            clean_up_after_attempt()  # the next attempt on this thread starts clean
+            # The next attempt on this thread starts clean.
+            clean_up_after_attempt(interrupted=interrupted())
 
     def _fail_unexpectedly(self, claimed: ClaimedTask, exc: BaseException, began: float) -> None:
         """Record the attempt as failed, by the task's own policy and ordering option,
@@ -203,6 +206,7 @@ class TaskRunner:
             return False
 
     def _run(self, claimed: ClaimedTask, began: float) -> None:
+        replace_lost_connections()  # for task_started's receivers and the task's code
         try:
             task = resolve_task(claimed.task_path)
         except TaskNotRegistered as exc:
@@ -220,7 +224,7 @@ class TaskRunner:
         events.emit_started(claimed, started)
         value, raised = self._call_task(claimed, task, result, args, kwargs)
         # Before anything else touches this thread's connections (the cancel check below).
-        leaked = clean_up_after_attempt()
+        leaked = clean_up_after_attempt(interrupted=interrupted())
         event, exception = self._classify(claimed, value, raised, leaked)
         return self._settle(claimed, task, result, event, started, began, exception)
 
@@ -461,14 +465,31 @@ def _refused_time(claimed: ClaimedTask, refused: TimeOutOfRange) -> tuple[Event,
 
 
 def _run_all(jobs: list[Callable[[], None]]) -> None:
-    # The outcomes were written on another connection; this thread's may have gone stale
-    # meanwhile (a database restart): receivers must not all fail on a dead connection.
-    try:
-        refresh_connections()
-    except Exception:
-        logger.exception("Could not refresh the database connection before task_finished")
+    """Send a batch's ``task_finished`` signals, one after the other on this thread.
+
+    Before each send, a connection the server hung up on (a restart, a terminated
+    session) or on which the previous send's query failed is checked and replaced, so no
+    receiver runs on a connection already known to be dead, however long the batch; this
+    costs no query unless there is such a sign. After each send, a transaction a receiver
+    left open is rolled back, so it cannot swallow the writes of what runs next.
+    """
     for job in jobs:
+        try:
+            replace_lost_connections()
+        except Exception:
+            logger.exception("Could not replace a lost database connection before task_finished")
         job()  # each one catches and logs its own failures
+        try:
+            leaked = clean_up_after_attempt()
+        except Exception:
+            logger.exception("Could not clean the database connection after task_finished")
+            continue
+        if leaked:
+            logger.error(
+                "A task_finished receiver left a transaction open on database %s; it was "
+                "rolled back, so the writes made inside it are lost.",
+                ", ".join(map(repr, leaked)),
+            )
 
 
 def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime) -> None:
