@@ -286,3 +286,26 @@ class MetricRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.queue_name} {self.task_path} {self.name}"
+
+
+class MetricFlush(models.Model):
+    """One metrics flush that landed, by its idempotency key (``metrics/aggregate.py``).
+
+    Written in the same transaction as the flush's counts, so a flush retried after an
+    error whose outcome is unknown (a lost COMMIT acknowledgement) finds its key and adds
+    nothing twice. The leader prunes keys with the per-minute metrics (``RETENTION_DAYS``).
+    """
+
+    id = models.UUIDField(_("flush key"), primary_key=True)
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    flushed_at = models.DateTimeField(_("flushed at"))
+
+    class Meta:
+        verbose_name = _("metrics flush")
+        verbose_name_plural = _("metrics flushes")
+        indexes = [
+            models.Index(fields=["backend_name", "flushed_at"], name="dtp_metric_flush_age_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.backend_name} {self.id}"
