@@ -177,8 +177,19 @@ class DedupKey(models.Model):
         return self.key
 
 
+# The visibility timeout of a worker row written before workers stored their own (the
+# default of OPTIONS["VISIBILITY_TIMEOUT"]).
+DEFAULT_WORKER_VISIBILITY_TIMEOUT = 60.0
+
+
 class WorkerRecord(models.Model):
-    """A running ``runtasks`` process, kept alive by its heartbeat."""
+    """A running ``runtasks`` process, kept alive by its heartbeat.
+
+    ``visibility_timeout`` is the worker's own (``--visibility-timeout`` may differ from
+    the backend's and from other workers'): it beats every third of it, so its silence is
+    judged by it (alive or stale, and when the leader may delete the row). A worker whose
+    row was deleted all the same inserts it again on its next heartbeat.
+    """
 
     worker_id = models.CharField(_("worker id"), max_length=WORKER_ID_MAX_LENGTH, primary_key=True)
     backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
@@ -188,6 +199,12 @@ class WorkerRecord(models.Model):
     concurrency = models.PositiveIntegerField(_("concurrency"))
     started_at = models.DateTimeField(_("started at"))
     last_heartbeat_at = models.DateTimeField(_("last heartbeat at"))
+    visibility_timeout = models.FloatField(
+        _("visibility timeout"),
+        default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
+        db_default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
+        help_text=_("Seconds; the worker's heartbeat comes every third of it."),
+    )
 
     class Meta:
         verbose_name = _("worker")
