@@ -87,10 +87,12 @@ def test_a_worker_pruned_while_paused_registers_again_and_keeps_working(start_wo
 
     after = [tasks.echo.enqueue(n) for n in range(3)]
     wait_for(
-        lambda: TaskRecord.objects.filter(
-            pk__in=[r.id for r in after], status=TaskResultStatus.SUCCESSFUL
-        ).count()
-        == 3,
+        lambda: (
+            TaskRecord.objects.filter(
+                pk__in=[r.id for r in after], status=TaskResultStatus.SUCCESSFUL
+            ).count()
+            == 3
+        ),
         timeout=60,
     )
     for result in after:
