@@ -20,6 +20,7 @@ from django.db.models import Count, Min, Q, Sum
 
 from ..compat import TaskResultStatus
 from ..models import MetricFlush, MetricRecord, TaskRecord, WorkerRecord
+from . import dialect_for
 
 METRICS = "django_tasks_plus_metricrecord"
 METRIC_COLUMNS = ("backend_name", "minute", "queue_name", "task_path", "name", "value")
@@ -32,9 +33,10 @@ ADD_METRICS = """
     DO UPDATE SET value = django_tasks_plus_metricrecord.value + excluded.value
 """
 
+# Stamped by the database's clock, which the pruner's retention follows too.
 CLAIM_FLUSH_KEY = """
     INSERT INTO django_tasks_plus_metricflush (id, backend_name, flushed_at)
-    VALUES (%s, %s, %s)
+    VALUES (%s, %s, {now})
     ON CONFLICT (id) DO NOTHING
 """
 
@@ -55,9 +57,7 @@ class FlushFailed(DatabaseError):
         self.may_have_landed = may_have_landed
 
 
-def land_flush(
-    database: str, backend: str, batches: Mapping[str, Iterable[Row]], now: datetime
-) -> int:
+def land_flush(database: str, backend: str, batches: Mapping[str, Iterable[Row]]) -> int:
     """Add the rows of every batch whose key (a uuid hex) is not stored yet, and store
     those keys, all in ONE transaction; returns how many rows were written.
 
@@ -71,15 +71,14 @@ def land_flush(
         raise transaction.TransactionManagementError(
             "A metrics flush must run in a transaction of its own, not inside atomic()."
         )
-    flushed_at = MetricFlush._meta.get_field("flushed_at")
+    claim_key = CLAIM_FLUSH_KEY.format(now=dialect_for(connection).now_sql)
     committing = False
     try:
         with transaction.atomic(using=database):
             fresh: list[Row] = []
             with connection.cursor() as cursor:
                 for key in sorted(batches):
-                    stamp = flushed_at.get_db_prep_value(now, connection, prepared=False)
-                    cursor.execute(CLAIM_FLUSH_KEY, [_key_param(connection, key), backend, stamp])
+                    cursor.execute(claim_key, [_key_param(connection, key), backend])
                     if cursor.rowcount == 1:
                         fresh.extend(batches[key])
             written = add_metrics(database, summed(fresh))

@@ -39,7 +39,6 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import connections
 from django.dispatch import receiver
-from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .. import events
@@ -261,7 +260,7 @@ class Aggregator:
             return 0
         rows = {key: rows_for(target.alias, batch) for key, batch in batches.items()}
         try:
-            written = land_flush(target.database, target.alias, rows, timezone.now())
+            written = land_flush(target.database, target.alias, rows)
         except FlushFailed as exc:
             if exc.may_have_landed:
                 self.unsettled[target.alias] = batches
