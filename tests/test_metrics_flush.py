@@ -4,7 +4,10 @@ half-way, a COMMIT whose answer is lost) and however often it is retried."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -192,3 +195,90 @@ def test_flush_keys_are_pruned_with_the_metrics_retention():
     assert old.id not in kept
     assert other.id in kept  # another backend's retention is its own pruner's
     assert len(kept) == 2  # and the flush just made
+
+
+class CommitAnswerLoser:
+    """A TCP proxy to PostgreSQL that, once armed, forwards a COMMIT and then drops the
+    connection instead of passing the server's answer back: the transaction is committed,
+    and the client sees the connection fail."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.armed = threading.Event()
+        self.dropped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            committing = threading.Event()
+            threading.Thread(
+                target=self._to_server, args=(client, server, committing), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._to_client, args=(server, client, committing), daemon=True
+            ).start()
+
+    def _to_server(self, client: socket.socket, server: socket.socket, committing: Any) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self.armed.is_set() and b"COMMIT" in data:
+                    committing.set()  # before the server can answer
+                server.sendall(data)
+
+    def _to_client(self, server: socket.socket, client: socket.socket, committing: Any) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if committing.is_set():  # the answer to COMMIT: lose it
+                    self.armed.clear()
+                    self.dropped.set()
+                    break
+                client.sendall(data)
+        for end in (client, server):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_commit_answer_lost_on_the_wire_counts_once(caplog):
+    """PostgreSQL, for real: the server commits the flush, the connection drops before
+    its answer arrives; the next flush resends the batch under its key and adds nothing."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a TCP proxy in front of the PostgreSQL server")
+    caplog.set_level(logging.WARNING, "django_tasks_plus")
+    original = connection.settings_dict
+    proxy = CommitAnswerLoser(
+        original.get("HOST") or "127.0.0.1", int(original.get("PORT") or 5432)
+    )
+    connection.close()
+    options = {**original.get("OPTIONS", {}), "sslmode": "disable"}  # COMMIT in plain text
+    connection.settings_dict = {
+        **original,
+        "HOST": "127.0.0.1",
+        "PORT": proxy.port,
+        "OPTIONS": options,
+    }
+    try:
+        _dead_letters(_first_minute(), 80)
+        proxy.armed.set()
+        assert metrics.flush() == 0
+        assert proxy.dropped.is_set()
+        assert "commit's outcome is unknown" in caplog.text
+        assert len(AGGREGATOR.unsettled["default"]) == 1
+        assert metrics.flush() == 0  # a new connection; the key is stored: nothing added
+        assert not AGGREGATOR.unsettled
+    finally:
+        connection.close()
+        connection.settings_dict = original
+        proxy.close()
+    assert _dead_lettered(minute=ALL_TIME) == 80
+    assert _dead_lettered(minute__gt=ALL_TIME) == 80
