@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "breaker",
             "charts",
             "durations",
+            "liveness",
         ),
     ),
     ("foundation", ("compat", "exceptions", "timebounds")),

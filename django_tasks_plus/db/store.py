@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connections
@@ -20,6 +21,7 @@ from django.db.models.expressions import RawSQL
 
 from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask, Transition
+from ..liveness import may_forget
 from ..models import TaskRecord, WorkerRecord
 from ..stored import error_list
 from . import dialect_for
@@ -75,43 +77,67 @@ def expired_tasks(database: str, backend_name: str, limit: int = 100) -> list[Cl
     return dialect_for(connection).expired_tasks(connection, backend_name, limit)
 
 
-def register_worker(
-    database: str,
-    *,
-    worker_id: str,
-    backend_name: str,
-    queues: Sequence[str],
-    concurrency: int,
-    now: datetime,
-) -> None:
+@dataclass(frozen=True)
+class WorkerRegistration:
+    """What a worker writes on its row: when it starts, and again whenever its heartbeat
+    finds the row gone (deleted while the process was paused past the pruning age)."""
+
+    worker_id: str
+    backend_name: str
+    queues: tuple[str, ...]
+    concurrency: int
+    visibility_timeout: float
+    started_at: datetime
+
+
+def register_worker(database: str, registration: WorkerRegistration, now: datetime) -> None:
     WorkerRecord.objects.using(database).update_or_create(
-        worker_id=worker_id,
+        worker_id=registration.worker_id,
         defaults={
-            "backend_name": backend_name,
+            "backend_name": registration.backend_name,
             "hostname": socket.gethostname()[:255],
             "pid": os.getpid(),
-            "queues": sorted(queues),
-            "concurrency": concurrency,
-            "started_at": now,
+            "queues": sorted(registration.queues),
+            "concurrency": registration.concurrency,
+            "visibility_timeout": registration.visibility_timeout,
+            "started_at": registration.started_at,
             "last_heartbeat_at": now,
         },
     )
 
 
-def heartbeat_worker(database: str, worker_id: str, now: datetime) -> None:
-    WorkerRecord.objects.using(database).filter(worker_id=worker_id).update(last_heartbeat_at=now)
+def heartbeat_worker(database: str, worker_id: str, now: datetime) -> bool:
+    """Touch the worker's row; False if it is gone (the caller registers it again)."""
+    rows = WorkerRecord.objects.using(database).filter(worker_id=worker_id)
+    return rows.update(last_heartbeat_at=now) > 0
 
 
 def remove_worker(database: str, worker_id: str) -> None:
     WorkerRecord.objects.using(database).filter(worker_id=worker_id).delete()
 
 
-def prune_workers(database: str, silent_since: datetime) -> int:
-    """Forget workers whose heartbeat stopped long ago (crashed or killed)."""
-    deleted, _ = (
-        WorkerRecord.objects.using(database).filter(last_heartbeat_at__lt=silent_since).delete()
+def prune_workers(database: str, now: datetime) -> list[str]:
+    """Forget the workers silent for ``STALE_WORKER_FACTOR`` of *their own* visibility
+    timeouts (crashed or killed); returns their ids.
+
+    Each row is judged by the timeout its worker declared, so a worker with a long one
+    is not taken for dead between its beats by a leader with a short one. A row is only
+    deleted if it has not beaten since it was read."""
+    rows = WorkerRecord.objects.using(database).values_list(
+        "worker_id", "last_heartbeat_at", "visibility_timeout"
     )
-    return deleted
+    forgotten = []
+    for worker_id, last_heartbeat, visibility_timeout in rows:
+        if not may_forget(last_heartbeat, now, visibility_timeout):
+            continue
+        deleted, _ = (
+            WorkerRecord.objects.using(database)
+            .filter(worker_id=worker_id, last_heartbeat_at=last_heartbeat)
+            .delete()
+        )
+        if deleted:
+            forgotten.append(worker_id)
+    return forgotten
 
 
 def ready_depth(database: str, backend_name: str, queue_name: str, cap: int) -> int:

@@ -19,6 +19,7 @@ from django.utils import timezone
 from .. import compat
 from ..db import metrics as store
 from ..exceptions import InvalidBackendOptions
+from ..liveness import is_stale
 from .catalog import (
     ALL_TIME,
     BUCKET_NAMES,
@@ -91,8 +92,8 @@ class Histogram:
 
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
-    """A registered worker; ``alive`` while its heartbeat is younger than its backend's
-    visibility timeout (a heartbeat comes every third of it)."""
+    """A registered worker; ``alive`` while its heartbeat is younger than its own
+    visibility timeout (``--visibility-timeout``; a heartbeat comes every third of it)."""
 
     worker_id: str
     hostname: str
@@ -102,6 +103,7 @@ class WorkerStatus:
     started_at: datetime
     last_heartbeat_at: datetime
     alive: bool
+    visibility_timeout: float
 
 
 def _settings(backend: str) -> Any:
@@ -309,7 +311,6 @@ def workers(
     """The backend's registered workers, oldest first, each alive or stale."""
     settings = _settings(backend)
     now = now or timezone.now()
-    stale_before = now - timedelta(seconds=settings.visibility_timeout)
     return [
         WorkerStatus(
             worker_id=row.worker_id,
@@ -319,7 +320,8 @@ def workers(
             concurrency=row.concurrency,
             started_at=row.started_at,
             last_heartbeat_at=row.last_heartbeat_at,
-            alive=row.last_heartbeat_at >= stale_before,
+            alive=not is_stale(row.last_heartbeat_at, now, row.visibility_timeout),
+            visibility_timeout=row.visibility_timeout,
         )
         for row in store.worker_rows(settings.database, backend)
     ]

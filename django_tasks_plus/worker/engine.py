@@ -30,7 +30,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
-from ..db.store import apply_transition, register_worker, remove_worker
+from ..db.store import WorkerRegistration, apply_transition, register_worker, remove_worker
 from ..db.unpooled import guard_pooled_sessions, outside_the_pool
 from ..lifecycle import ClaimedTask, Released
 from .config import WorkerConfig
@@ -141,6 +141,7 @@ class Worker:
             and self.backend.settings.notify
             and dialect_for(connections[self.database]).supports_notify
         )
+        self.started_at: datetime | None = None  # set by run()
         self.election: LeaderElection | None = None
         self.services = Services(self.build_services())
 
@@ -157,14 +158,8 @@ class Worker:
         self._install_signal_handlers()
         if self.database_clock is not None:
             self.database_clock.sync()
-        register_worker(
-            self.database,
-            worker_id=self.config.worker_id,
-            backend_name=self.backend.alias,
-            queues=self.config.queues,
-            concurrency=self.config.concurrency,
-            now=self.clock(),
-        )
+        self.started_at = self.clock()
+        self._register(self.started_at)
         abandoned = 0
         up_since = time.monotonic()
         events.emit_worker_started(
@@ -189,6 +184,22 @@ class Worker:
             )
         return 1 if abandoned else 0
 
+    def _register(self, now: datetime) -> None:
+        """Write this worker's row: at start, and from the heartbeat if it was deleted
+        (the same id and start time, so leases and task history still name it)."""
+        register_worker(
+            self.database,
+            WorkerRegistration(
+                worker_id=self.config.worker_id,
+                backend_name=self.backend.alias,
+                queues=tuple(self.config.queues),
+                concurrency=self.config.concurrency,
+                visibility_timeout=self.config.visibility_timeout,
+                started_at=self.started_at or now,
+            ),
+            now,
+        )
+
     def build_services(self) -> list[Service]:
         """The worker's services, in start order (stopped in reverse order).
 
@@ -208,6 +219,7 @@ class Worker:
             Heartbeat(
                 self.backend,
                 worker_id=config.worker_id,
+                register=self._register,
                 leases=self._lease_snapshot,
                 on_lost=self._on_leases_lost,
                 clock=self.clock,

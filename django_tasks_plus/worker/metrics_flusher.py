@@ -3,8 +3,9 @@
 The flusher writes what this process counted (``metrics.aggregate``) every
 ``FLUSH_INTERVAL`` seconds in one upsert, and once more after every other service has
 stopped (it is started first, so it stops last and sees the reporter's final outcomes).
-The pruner deletes the per-minute rows past ``RETENTION_DAYS`` when its worker becomes
-leader and every ``PRUNE_INTERVAL`` seconds after; the all-time totals stay.
+The pruner deletes the per-minute rows and the flush keys past ``RETENTION_DAYS`` when
+its worker becomes leader and every ``PRUNE_INTERVAL`` seconds after; the all-time totals
+stay.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.db import DatabaseError, connections
 
 from ..conf import BackendSettings
 from ..db import worker_connection
-from ..db.metrics import prune_metrics
+from ..db.metrics import prune_flush_keys, prune_metrics
 from ..metrics.aggregate import AGGREGATOR, Aggregator
 from ..metrics.catalog import ALL_TIME
 from .services import LoopService, Service
@@ -85,7 +86,8 @@ class MetricsFlusher(LoopService):
 
 
 class MetricsPruner(LoopService):
-    """The leader: delete the backend's per-minute metrics older than the retention."""
+    """The leader: delete the backend's per-minute metrics and flush keys older than the
+    retention."""
 
     name = "tasks-metrics-pruner"
     singleton = True
@@ -112,6 +114,7 @@ class MetricsPruner(LoopService):
             worker_connection(self.database, self.bound_seconds)
             before = self.clock() - self.settings.metrics.retention
             deleted = prune_metrics(self.database, self.settings.alias, before, ALL_TIME)
+            prune_flush_keys(self.database, self.settings.alias, before)
         except DatabaseError as exc:
             logger.warning("Pruning old metrics failed (%s); will retry", exc)
             connections[self.database].close()
