@@ -30,7 +30,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
-from ..db.store import apply_transition, register_worker, remove_worker
+from ..db.completions import apply_outcome
+from ..db.store import register_worker, remove_worker
 from ..lifecycle import ClaimedTask, Released
 from .config import WorkerConfig
 from .dbclock import DatabaseClock
@@ -522,7 +523,7 @@ class Worker:
     def _release(self, task: ClaimedTask) -> None:
         outcome = outcome_for(self.backend, task, Released(), task=None, now=self.clock())
         try:
-            apply_transition(self.database, task, outcome)
+            apply_outcome(self.database, task, outcome)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError
 
 from .. import compat, events
-from ..db.store import apply_transition, expired_tasks
+from ..db.completions import apply_outcome
+from ..db.store import expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
 from ..lifecycle import Aborted, ClaimedTask, Event, Failed
@@ -62,7 +63,7 @@ def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool
         task = None
         event = Aborted(exc, reason=str(exc))
     outcome = outcome_for(backend, claimed, event, task=task, now=now)
-    if not apply_transition(backend.settings.database, claimed, outcome, only_if_expired=True):
+    if not apply_outcome(backend.settings.database, claimed, outcome, only_if_expired=True):
         return False
     events.emit_reaped(claimed, outcome, now)
     logger.warning(
