@@ -183,13 +183,22 @@ class ClaimFilter:
 claim_filters: Registry[ClaimFilter] = Registry("claim filters")
 
 
-def claim_conditions(vendor: str) -> tuple[str, list[Any]]:
+def claim_conditions(vendor: str, *, fenced: bool = False) -> tuple[str, list[Any]]:
     """The registered filters as SQL to append to the candidates' WHERE clause
-    (``"\\n  AND (…)"`` each; empty with none registered) and their parameters."""
+    (``"\n  AND (…)"`` each; empty with none registered) and their parameters.
+
+    ``fenced``: each fragment becomes a scalar sub-select, ``AND (SELECT (…))``, which
+    the planner evaluates per candidate row as it walks the index instead of flattening
+    it into a join; PostgreSQL's planner otherwise may estimate such a join to leave a
+    row or two and trade the ordered index walk (which stops after LIMIT rows) for a
+    sort of every READY task."""
     entries = claim_filters.entries
     if not entries:
         return "", []
-    text = "".join(f"\n          AND ({entry.fragment(vendor)})" for entry in entries)
+    opening, closing = ("(SELECT (", "))") if fenced else ("(", ")")
+    text = "".join(
+        f"\n          AND {opening}{entry.fragment(vendor)}{closing}" for entry in entries
+    )
     params: list[Any] = [value for entry in entries for value in entry.params]
     return text, params
 

@@ -194,7 +194,7 @@ class PostgreSQLDialect(Dialect):
         lease_token: str,
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
-        conditions, filter_params = claim_conditions(self.vendor)
+        conditions, filter_params = claim_conditions(self.vendor, fenced=True)
         params = [
             backend_name,
             list(queues),
