@@ -214,9 +214,9 @@ def test_a_claim_filter_keeps_a_paused_queue_out_of_a_real_worker(feature_tables
 def test_a_claim_filter_without_sql_for_the_database_is_a_clear_error(feature_tables):
     only_mysql = ClaimFilter(name="mysql only", sql={"mysql": "1 = 1"})
     tasks.add.enqueue(1, 1)
-    with extensions.claim_filters.registered(only_mysql):
-        with pytest.raises(extensions.UnsupportedClaimFilter, match="'mysql only' has no SQL"):
-            _claim_one("unused")
+    refused = pytest.raises(extensions.UnsupportedClaimFilter, match="'mysql only' has no SQL")
+    with extensions.claim_filters.registered(only_mysql), refused:
+        _claim_one("unused")
     assert TaskRecord.objects.get().status == TaskResultStatus.READY
 
 
