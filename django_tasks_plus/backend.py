@@ -31,6 +31,7 @@ from .exceptions import (
     QueueFull,
     TaskNotRegistered,
 )
+from .extensions import load_service_factories
 from .lifecycle import error_record
 from .results import clone_result, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
@@ -66,6 +67,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
         super().__init__(alias, params)
         self.settings: BackendSettings = parse_settings(alias, params)
         self.queues = set(self.settings.queues)
+        # Service factories the backend's task definitions asked for (``services=``),
+        # each once, in definition order: every worker of this backend runs them.
+        self.task_services: dict[int, Any] = {}
 
     # -- definition time ---------------------------------------------------------------
 
@@ -87,6 +91,12 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 raise InvalidTaskOptions(f"Queue {task.queue_name!r} is not valid: {problem}")
         if isinstance(task, Task):
             validate_task_options(task)
+            if task.services:
+                self._add_task_services(task)
+
+    def _add_task_services(self, task: Task) -> None:
+        for factory in load_service_factories(task.services, f"{task.module_path}: services"):
+            self.task_services.setdefault(id(factory), factory)
 
     def retry_policy_for(self, task: compat.Task) -> RetryPolicy:
         """The task's own policy, else the backend default."""

@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from django.utils.module_loading import import_string
+
 from .lifecycle import ClaimedTask, Transition
 
 T = TypeVar("T")
@@ -210,6 +212,36 @@ ServiceFactory = Callable[[Any], Any]
 ``worker.plugins.ServiceContext`` (typed there: the worker is a higher layer)."""
 
 service_factories: Registry[ServiceFactory] = Registry("service factories")
+
+
+def load_service_factories(entries: Any, where: str) -> tuple[ServiceFactory, ...]:
+    """Resolve a list of service factories (callables or their dotted paths).
+
+    Raises ``ValueError`` whose message starts with ``where`` and names the bad entry;
+    callers turn it into their own error class (``InvalidBackendOptions``,
+    ``InvalidTaskOptions``)."""
+    if isinstance(entries, str) or not isinstance(entries, list | tuple):
+        raise ValueError(
+            f"{where} must be a list of service factories or their dotted paths, got {entries!r}."
+        )
+    factories = []
+    for index, entry in enumerate(entries):
+        factory = entry
+        if isinstance(entry, str):
+            try:
+                factory = import_string(entry)
+            except ImportError as exc:
+                raise ValueError(
+                    f"{where}[{index}] names {entry!r}, which cannot be imported: {exc}"
+                ) from exc
+        if not callable(factory):
+            raise ValueError(
+                f"{where}[{index}] is {factory!r}, not a callable; a service factory takes "
+                "the worker's ServiceContext and returns a service, a list of them, or None."
+            )
+        factories.append(factory)
+    return tuple(factories)
+
 
 TaskMiddlewareProvider = Callable[[Any], Sequence[Any]]
 """``provider(task) -> middleware entries`` a feature adds to one task (innermost last)."""

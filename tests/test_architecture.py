@@ -23,7 +23,7 @@ ROOT = Path(django_tasks_plus.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "entry points",
-        (PACKAGE, "admin", "apps", "management", "urls", "views"),
+        (PACKAGE, "admin", "apps", "checks", "management", "urls", "views"),
     ),
     ("worker", ("worker",)),
     (
@@ -31,7 +31,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ("backend", "operations", "context", "circuits", "selection", "metrics"),
     ),
     ("enqueue and results", ("envelope", "results")),
-    ("definitions, settings and seams", ("definition", "conf", "events", "middleware")),
+    (
+        "definitions, settings and seams",
+        ("definition", "conf", "discovery", "events", "middleware"),
+    ),
     ("database boundary", ("db",)),
     ("tables", ("models",)),
     (
@@ -47,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "breaker",
             "charts",
             "durations",
+            "extensions",
         ),
     ),
     ("foundation", ("compat", "exceptions")),

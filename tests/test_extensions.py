@@ -206,9 +206,7 @@ def test_a_claim_filter_keeps_a_paused_queue_out_of_a_real_worker(feature_tables
 
     extensions.reset()  # the feature is gone: the same claim takes everything again
     _burst(concurrency=2)
-    assert set(TaskRecord.objects.values_list("status", flat=True)) == {
-        TaskResultStatus.SUCCESSFUL
-    }
+    assert set(TaskRecord.objects.values_list("status", flat=True)) == {TaskResultStatus.SUCCESSFUL}
 
 
 def test_a_claim_filter_without_sql_for_the_database_is_a_clear_error(feature_tables):

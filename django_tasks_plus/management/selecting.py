@@ -26,6 +26,7 @@ from ..selection import (
     parse_moment,
     parse_task_id,
 )
+from .base import discover_tasks
 
 SAMPLE = 10
 # The options that narrow a selection (everything but ids and --backend).
@@ -230,6 +231,8 @@ class SelectingCommand(BaseCommand):
 
     def _backend(self, alias: str) -> DatabaseBackend:
         try:
-            return database_backend(alias, needed_by="this command")
+            backend = database_backend(alias, needed_by="this command")
         except BackendNotUsable as exc:
             raise CommandError(str(exc)) from exc
+        discover_tasks(backend)
+        return backend

@@ -17,6 +17,7 @@ from .services import LoopService
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
+    from .plugins import ServiceContext
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -109,3 +110,10 @@ class WorkerPruner(LoopService):
         except DatabaseError as exc:
             logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
             connections[self.database].close()
+
+
+def worker_pruner_factory(context: ServiceContext) -> WorkerPruner:
+    """The worker-row pruner's service factory (registered by ``AppConfig.ready``)."""
+    return WorkerPruner(
+        context.database, clock=context.clock, visibility_timeout=context.bound_seconds
+    )
