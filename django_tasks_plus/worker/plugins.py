@@ -16,7 +16,7 @@ e.g. metrics turned off). Each factory is called once even if named in several p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -88,9 +88,9 @@ def plugged_services(context: ServiceContext) -> list[Service]:
 def _as_list(produced: Any) -> list[Any]:
     if produced is None:
         return []
-    if isinstance(produced, Service) or not isinstance(produced, Iterable):
-        return [produced]
-    return list(produced)
+    if isinstance(produced, list | tuple):
+        return list(produced)
+    return [produced]
 
 
 def _name(factory: Any) -> str:
