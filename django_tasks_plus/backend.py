@@ -70,6 +70,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
         # Service factories the backend's task definitions asked for (``services=``),
         # each once, in definition order: every worker of this backend runs them.
         self.task_services: dict[int, Any] = {}
+        self._services_seen: set[tuple[Any, ...]] = set()
 
     # -- definition time ---------------------------------------------------------------
 
@@ -95,8 +96,14 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 self._add_task_services(task)
 
     def _add_task_services(self, task: Task) -> None:
+        try:
+            if task.services in self._services_seen:  # validated at every enqueue: once will do
+                return
+        except TypeError:  # an unhashable entry: not a factory, refused below
+            pass
         for factory in load_service_factories(task.services, f"{task.module_path}: services"):
             self.task_services.setdefault(id(factory), factory)
+        self._services_seen.add(task.services)
 
     def retry_policy_for(self, task: compat.Task) -> RetryPolicy:
         """The task's own policy, else the backend default."""
