@@ -31,6 +31,7 @@ from .exceptions import (
     QueueFull,
     TaskNotRegistered,
 )
+from .extensions import load_service_factories
 from .finished import send_task_finished
 from .lifecycle import error_record
 from .results import clone_result, make_result, result_from_record, unreadable_record
@@ -67,6 +68,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
         super().__init__(alias, params)
         self.settings: BackendSettings = parse_settings(alias, params)
         self.queues = set(self.settings.queues)
+        # Service factories the backend's task definitions asked for (``services=``),
+        # each once, in definition order: every worker of this backend runs them.
+        self.task_services: dict[int, Any] = {}
+        self._services_seen: set[tuple[Any, ...]] = set()
 
     # -- definition time ---------------------------------------------------------------
 
@@ -88,6 +93,18 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 raise InvalidTaskOptions(f"Queue {task.queue_name!r} is not valid: {problem}")
         if isinstance(task, Task):
             validate_task_options(task)
+            if task.services:
+                self._add_task_services(task)
+
+    def _add_task_services(self, task: Task) -> None:
+        try:
+            if task.services in self._services_seen:  # validated at every enqueue: once will do
+                return
+        except TypeError:  # an unhashable entry: not a factory, refused below
+            pass
+        for factory in load_service_factories(task.services, f"{task.module_path}: services"):
+            self.task_services.setdefault(id(factory), factory)
+        self._services_seen.add(task.services)
 
     def retry_policy_for(self, task: compat.Task) -> RetryPolicy:
         """The task's own policy, else the backend default."""

@@ -1,8 +1,9 @@
 """Circuit breakers at work: the middleware that guards each call, and the operator API.
 
 ``@task(breaker=Breaker(...))`` puts ``breaker_middleware`` innermost in the task's
-middleware chain (``definition.task_middleware``); the engine knows nothing else about
-breakers. Around each attempt of a task whose call has a breaker key, the middleware
+middleware chain (``breaker_middleware_for``, registered in ``extensions.task_middleware``
+by ``AppConfig.ready``); the engine knows nothing else about breakers. Around each
+attempt of a task whose call has a breaker key, the middleware
 
 1. reads the key's circuit (no lock: a closed circuit costs one indexed read);
 2. when it is not closed, locks the row and asks ``breaker.decide``: run (maybe as the
@@ -53,7 +54,7 @@ from .breaker import (
 )
 from .db import breakers as store
 from .exceptions import BreakerHeldTooLong, InvalidBackendOptions
-from .middleware import Attempt, Handler
+from .middleware import Attempt, Handler, Middleware
 from .middleware import Hold as HoldTask
 
 logger = logging.getLogger("django_tasks_plus.breakers")
@@ -71,6 +72,12 @@ class _Key:
     @property
     def scoped(self) -> str:
         return scoped_key(self.name, self.key)
+
+
+def breaker_middleware_for(task: compat.Task) -> tuple[Middleware, ...]:
+    """What the breaker feature adds to a task's middleware (``extensions.task_middleware``,
+    registered by ``AppConfig.ready``): its breaker's, innermost, when it has one."""
+    return (breaker_middleware,) if getattr(task, "breaker", None) is not None else ()
 
 
 def breaker_middleware(call_next: Handler) -> Handler:

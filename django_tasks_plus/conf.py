@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 from .compat import DEFAULT_TASK_QUEUE_NAME
 from .doers import make_doer
 from .exceptions import InvalidBackendOptions, InvalidRetryPolicy, TimeOutOfRange
+from .extensions import load_service_factories
 from .limits import QUEUE_NAME_MAX_LENGTH
 from .middleware import Middleware, load_middleware
 from .retry import RetryPolicy, exponential_backoff, no_retry, validate_policy
@@ -45,6 +46,12 @@ _DEFAULTS: dict[str, Any] = {
     # Counters and histograms per queue and task path (docs/metrics.md); {} = the defaults
     # below, and a dict given sets only the keys it names.
     "METRICS": {},
+    # Worker services added by the project: factories (or dotted paths) called with the
+    # worker's ServiceContext (docs/worker.md#adding-a-service).
+    "SERVICES": (),
+    # Import every installed app's ``tasks`` module when a worker, ``manage.py check`` or
+    # an operator command starts, so every task (and its breaker, services) is known.
+    "AUTODISCOVER": True,
 }
 
 # Every OPTIONS["METRICS"] key with its default, written only here (as _DEFAULTS above).
@@ -100,6 +107,8 @@ class BackendSettings:
     queue_resolution: str = _DEFAULTS["QUEUE_RESOLUTION"]
     middleware: tuple[Middleware, ...] = _DEFAULTS["MIDDLEWARE"]  # resolved factories
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    services: tuple[Any, ...] = _DEFAULTS["SERVICES"]  # resolved factories
+    autodiscover: bool = _DEFAULTS["AUTODISCOVER"]
 
     def serves(self, queue: str) -> bool:
         """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
@@ -240,6 +249,9 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
     notify = merged["NOTIFY"]
     if not isinstance(notify, bool):
         raise _fail(alias, "NOTIFY", f"must be True or False, got {notify!r}.")
+    autodiscover = merged["AUTODISCOVER"]
+    if not isinstance(autodiscover, bool):
+        raise _fail(alias, "AUTODISCOVER", f"must be True or False, got {autodiscover!r}.")
 
     queue_doers, max_depths = _queues_config(alias, merged["QUEUES_CONFIG"], queues)
 
@@ -278,8 +290,17 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         queue_resolution=resolution,
         middleware=_middleware(alias, merged["MIDDLEWARE"]),
         metrics=metrics_settings(alias, merged["METRICS"]),
+        services=_services(alias, merged["SERVICES"]),
+        autodiscover=autodiscover,
         queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
+
+
+def _services(alias: str, value: Any) -> tuple[Any, ...]:
+    try:
+        return load_service_factories(value, f"TASKS[{alias!r}]['OPTIONS']['SERVICES']")
+    except ValueError as exc:
+        raise InvalidBackendOptions(str(exc)) from exc
 
 
 def _middleware(alias: str, value: Any) -> tuple[Middleware, ...]:

@@ -19,7 +19,7 @@ from typing import Any
 from django.apps import apps
 from django.utils import timezone
 
-from . import compat
+from . import compat, extensions
 from .breaker import Breaker, check_key, scoped_key
 from .exceptions import (
     InvalidRetryPolicy,
@@ -27,6 +27,7 @@ from .exceptions import (
     InvalidTaskOptions,
     TaskNotRegistered,
 )
+from .extensions import load_service_factories
 from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
@@ -53,6 +54,8 @@ class Task(compat.Task):
       attempt, inside the backend's ``OPTIONS["MIDDLEWARE"]`` (``middleware.py``).
     * ``breaker``: a ``Breaker`` (``breaker.py``): tasks whose remote host keeps failing
       are held, not run, until a probe finds it back (``circuits.py``).
+    * ``services``: worker service factories (or dotted paths) this task needs; every
+      worker of its backend runs them (``worker/plugins.py``).
 
     Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
     ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
@@ -68,10 +71,13 @@ class Task(compat.Task):
     dedup_until: str = "ttl"
     middleware: tuple[Any, ...] = ()
     breaker: Breaker | None = None
+    services: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.middleware, list):  # keep the definition hashable
             object.__setattr__(self, "middleware", tuple(self.middleware))
+        if isinstance(self.services, list):
+            object.__setattr__(self, "services", tuple(self.services))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
 
@@ -186,6 +192,11 @@ def validate_task_options(task: Task) -> None:
             load_middleware(task.middleware, f"{task.module_path}: middleware")
         except ValueError as exc:
             raise InvalidTaskOptions(str(exc)) from exc
+    if task.services != ():
+        try:
+            load_service_factories(task.services, f"{task.module_path}: services")
+        except ValueError as exc:
+            raise InvalidTaskOptions(str(exc)) from exc
     breaker = getattr(task, "breaker", None)
     if breaker is not None and not isinstance(breaker, Breaker):
         raise InvalidTaskOptions(
@@ -193,17 +204,14 @@ def validate_task_options(task: Task) -> None:
         )
 
 
-# The breaker's middleware, named rather than imported: it belongs to a later layer.
-BREAKER_MIDDLEWARE = "django_tasks_plus.circuits.breaker_middleware"
-
-
 def task_middleware(task: compat.Task) -> tuple[Any, ...]:
     """The task's own middleware entries, innermost last: its ``middleware=[...]``, then
-    its breaker's, which sits right around the call it judges (an outer middleware that
-    holds the task, a rate limiter, never takes the probe's turn)."""
+    what the features registered in ``extensions.task_middleware`` add for it (the
+    breaker's, for a task with ``breaker=``, sits right around the call it judges: an
+    outer middleware that holds the task, a rate limiter, never takes the probe's turn)."""
     own = tuple(getattr(task, "middleware", ()))
-    if getattr(task, "breaker", None) is not None:
-        own += (BREAKER_MIDDLEWARE,)
+    for provider in extensions.task_middleware.entries:
+        own += tuple(provider(task))
     return own
 
 
@@ -365,6 +373,7 @@ def task(
     ordering_failure: str | None = None,
     middleware: list[Any] | tuple[Any, ...] | None = None,
     breaker: Breaker | None = None,
+    services: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -384,6 +393,8 @@ def task(
         extra["middleware"] = middleware
     if breaker is not None:
         extra["breaker"] = breaker
+    if services is not None:
+        extra["services"] = services
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,

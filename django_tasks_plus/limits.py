@@ -21,3 +21,7 @@ QUEUE_NAME_MAX_LENGTH = 100
 
 WORKER_ID_MAX_LENGTH = 64
 """A worker's id (``WorkerRecord.worker_id``), including any ``--processes`` suffix."""
+
+METRIC_NAME_MAX_LENGTH = 200
+"""A stored metric's name (``MetricRecord.name``): a counter, bucket or sum, plus a
+feature counter's own labels (``schedule_fired{schedule=nightly}``)."""

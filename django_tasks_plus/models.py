@@ -16,6 +16,7 @@ from .compat import TaskResultStatus
 from .limits import (
     BREAKER_NAME_MAX_LENGTH,
     KEY_MAX_LENGTH,
+    METRIC_NAME_MAX_LENGTH,
     QUEUE_NAME_MAX_LENGTH,
     TASK_PATH_MAX_LENGTH,
     WORKER_ID_MAX_LENGTH,
@@ -287,7 +288,7 @@ class MetricRecord(models.Model):
     minute = models.DateTimeField(_("minute"))
     queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
     task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
-    name = models.CharField(_("metric"), max_length=40)
+    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
     value = models.BigIntegerField(_("value"), default=0)
 
     class Meta:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..extensions import claim_conditions
 from ..lifecycle import ClaimedTask
 from . import sql
 from .base import (
@@ -54,8 +55,9 @@ LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
 # written, and last_attempted_at (returned last) is the claim's time by the database's
 # clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
 # failing the whole claim.
-# Parameters: backend, queues (one text array), limit, lease token, lease seconds, worker id.
-CLAIM = """
+# Parameters: backend, queues (one text array), the claim filters', limit, lease token,
+# lease seconds, worker id.
+CLAIM_TEMPLATE = """
     WITH picked AS ({candidates})
     UPDATE django_tasks_plus_taskrecord task SET
         status = 'RUNNING',
@@ -70,14 +72,28 @@ CLAIM = """
         last_attempted_at = {now}
     FROM picked WHERE task.id = picked.id
     RETURNING {returning}, task.last_attempted_at
-""".format(
-    candidates=sql.claim_candidates(
-        queue_in="= ANY(%s)", now=NOW, skip_locked="\n        FOR UPDATE SKIP LOCKED"
-    ),
-    lease_expiry=LEASE_EXPIRY,
-    now=NOW,
-    returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
-)
+"""
+
+
+@lru_cache(maxsize=16)
+def claim_statement(conditions: str = "") -> str:
+    """The claim with the registered claim filters' ``conditions`` (built once per set)."""
+    return CLAIM_TEMPLATE.format(
+        candidates=sql.claim_candidates(
+            queue_in="= ANY(%s)",
+            now=NOW,
+            skip_locked="\n        FOR UPDATE SKIP LOCKED",
+            conditions=conditions,
+        ),
+        lease_expiry=LEASE_EXPIRY,
+        now=NOW,
+        returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
+    )
+
+
+# The claim with no claim filter registered. Parameters: backend, queues (one text
+# array), the filters' (none here), limit, lease token, lease seconds, worker id.
+CLAIM = claim_statement()
 
 # Wake the workers of the given queues. PostgreSQL delivers notifications only on commit
 # and folds identical ones within a transaction: a rollback wakes nobody, and a batch
@@ -191,8 +207,17 @@ class PostgreSQLDialect(Dialect):
         lease_token: str,
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
-        params = [backend_name, list(queues), limit, lease_token, visibility_timeout, worker_id]
-        rows = fetch_all(connection, CLAIM, params)
+        conditions, filter_params = claim_conditions(self.vendor, fenced=True)
+        params = [
+            backend_name,
+            list(queues),
+            *filter_params,
+            limit,
+            lease_token,
+            visibility_timeout,
+            worker_id,
+        ]
+        rows = fetch_all(connection, claim_statement(conditions), params)
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
 

@@ -28,6 +28,7 @@ from ..selection import (
     parse_status,
     resolve_task_ids,
 )
+from .base import discover_tasks
 
 SAMPLE = 10
 # The options that narrow a selection (everything but ids and --backend).
@@ -231,6 +232,8 @@ class SelectingCommand(BaseCommand):
 
     def _backend(self, alias: str) -> DatabaseBackend:
         try:
-            return database_backend(alias, needed_by="this command")
+            backend = database_backend(alias, needed_by="this command")
         except BackendNotUsable as exc:
             raise CommandError(str(exc)) from exc
+        discover_tasks(backend)
+        return backend

@@ -52,6 +52,8 @@ from .catalog import (
     COUNTER_NAMES,
     COUNTER_OF_EVENT,
     HISTOGRAM_NAMES,
+    FeatureCounter,
+    feature_counters,
     sum_name,
 )
 
@@ -84,9 +86,12 @@ Key = tuple[int, str, str, str]  # epoch minute, backend, queue, task path
 Batch = dict[Key, list[Any]]  # one flush's counts of one backend
 # One raw observation: (kind, counter index, time, backend, queue, task path, number).
 # kind COUNT: number is how many; STARTED: number is the wait in seconds; OUTCOME: number
-# is the run time in seconds, or None (the reaper's outcomes have none).
-Raw = tuple[int, int, float, Any, Any, Any, Any]
-COUNT, STARTED, OUTCOME = range(3)
+# is the run time in seconds, or None (the reaper's outcomes have none); FEATURE: a
+# feature's counter, whose stored name (with its labels) takes the index's place.
+Raw = tuple[int, Any, float, Any, Any, Any, Any]
+COUNT, STARTED, OUTCOME, FEATURE = range(4)
+# An entry's last slot: the feature counters' {stored name: count}, or None.
+_FEATURES = _WIDTH
 # Fold the raw observations in once this many are waiting (about 100 bytes each).
 FOLD_AT = 50_000
 
@@ -172,6 +177,25 @@ class Aggregator:
         if len(self.raw) >= FOLD_AT:
             self.fold()
 
+    def on_feature(self, event: events.Event) -> None:
+        """An event a feature's counter counts (``catalog.feature_counters``)."""
+        metadata = event.metadata
+        number = int(event.measurements.get("count", 1))
+        for counter in feature_counters.by_event.get(event.name, ()):
+            self.raw.append(
+                (
+                    FEATURE,
+                    counter.stored_name(metadata),
+                    event.time,
+                    metadata.get("backend"),
+                    metadata.get("queue"),
+                    metadata.get("task_path"),
+                    number,
+                )
+            )
+        if len(self.raw) >= FOLD_AT:
+            self.fold()
+
     def fold(self) -> None:
         """Add the raw observations up into ``pending`` (per minute and labels)."""
         with self.lock:
@@ -186,7 +210,13 @@ class Aggregator:
                 key = (int(at // 60), backend, queue or "", task_path or "")
                 entry = pending.get(key)
                 if entry is None:
-                    entry = pending[key] = [0] * _WIDTH
+                    entry = pending[key] = [0] * _WIDTH + [None]
+                if kind == FEATURE:
+                    extra = entry[_FEATURES]
+                    if extra is None:
+                        extra = entry[_FEATURES] = {}
+                    extra[index] = extra.get(index, 0) + number
+                    continue
                 if kind == COUNT:
                     entry[index] += number
                     continue
@@ -212,10 +242,14 @@ class Aggregator:
             for key, values in pending.items():
                 entry = self.pending.get(key)
                 if entry is None:
-                    self.pending[key] = list(values)
-                else:
-                    for i, value in enumerate(values):
-                        entry[i] += value
+                    self.pending[key] = [*values[:_FEATURES], _copy(values[_FEATURES])]
+                    continue
+                for i in range(_FEATURES):
+                    entry[i] += values[i]
+                if values[_FEATURES]:
+                    extra = entry[_FEATURES] = entry[_FEATURES] or {}
+                    for name, count in values[_FEATURES].items():
+                        extra[name] = extra.get(name, 0) + count
 
     def flush_if_due(self) -> None:
         """The emit-time flush of processes without a worker flusher (see the module)."""
@@ -357,6 +391,12 @@ def _numbers(values: list[Any]) -> Iterator[tuple[str, int]]:
         seconds = values[base + _SLOTS]
         if seconds:
             yield sum_name(histogram), round(seconds * 1_000_000)
+    if values[_FEATURES]:
+        yield from values[_FEATURES].items()
+
+
+def _copy(extra: dict[str, int] | None) -> dict[str, int] | None:
+    return dict(extra) if extra else None
 
 
 AGGREGATOR = Aggregator()
@@ -398,6 +438,27 @@ def _handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
     return table
 
 
+def _feature_handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
+    return dict.fromkeys(feature_counters.by_event, aggregator.on_feature)
+
+
+def register_counter(
+    name: str, *event_names: str, help: str, labels: tuple[str, ...] | list[str] = ()
+) -> FeatureCounter:
+    """Count a feature's events: ``name`` (stored per minute and all-time, served to
+    Prometheus as ``django_tasks_plus_<name>``) adds each event's ``count`` measurement,
+    else one, per backend, queue, task path and the event metadata named in ``labels``.
+    The events must be registered first (``events.register_names``). Call it when the
+    feature starts (its ``AppConfig.ready``)."""
+    counter = feature_counters.register(
+        FeatureCounter(name, tuple(event_names), help, tuple(labels))
+    )
+    if AGGREGATOR.targets:  # subscribed already: count the new events too
+        for event_name in counter.events:
+            events.subscribe(AGGREGATOR.on_feature, event_name)
+    return counter
+
+
 def install(tasks: Mapping[str, Any] | None = None) -> bool:
     """Subscribe the aggregator when a backend has metrics on, unsubscribe it when none
     has (then no event is even built for it). Called at startup and when ``TASKS``
@@ -405,12 +466,12 @@ def install(tasks: Mapping[str, Any] | None = None) -> bool:
     targets = enabled_targets(tasks)
     AGGREGATOR.targets = targets
     handlers = _handlers(AGGREGATOR)
-    for name, handler in handlers.items():
+    for name, handler in [*handlers.items(), *_feature_handlers(AGGREGATOR).items()]:
         events.unsubscribe(handler, name)
     if not targets:
         return False
     AGGREGATOR.flush_interval = min(t.metrics.flush_interval for t in targets.values())
-    for name, handler in handlers.items():
+    for name, handler in [*handlers.items(), *_feature_handlers(AGGREGATOR).items()]:
         events.subscribe(handler, name)
     return True
 

@@ -27,6 +27,8 @@ from .catalog import (
     COUNTER_NAMES,
     HISTOGRAM_NAMES,
     LE_LABELS,
+    feature_counters,
+    split_stored_name,
     sum_name,
 )
 
@@ -287,7 +289,8 @@ def percentiles(
 
 
 def all_time(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> dict[tuple[str, str], Any]:
-    """``(queue, task path) -> {"counters": {...}, "wait": Histogram, "run": Histogram}``
+    """``(queue, task path) -> {"counters": {...}, "wait": Histogram, "run": Histogram,
+    "features": {stored name: total}}``
     since the beginning (what the Prometheus endpoint serves: totals never go down)."""
     settings = _settings(backend)
     rows = store.sums(settings.database, backend, minute=ALL_TIME)
@@ -301,6 +304,12 @@ def all_time(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> dict[tuple[str
         out[labels] = {
             "counters": {name: values.get(name, 0) for name in COUNTER_NAMES},
             **{kind: _histogram(kind, values) for kind in HISTOGRAM_NAMES},
+            # The features' counters, by stored name (with their own labels).
+            "features": {
+                name: value
+                for name, value in values.items()
+                if split_stored_name(name)[0] in feature_counters.counters
+            },
         }
     return out
 

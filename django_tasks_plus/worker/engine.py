@@ -30,17 +30,19 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
-from ..db.store import WorkerRegistration, apply_transition, register_worker, remove_worker
+from ..db.completions import apply_outcome
+from ..db.store import WorkerRegistration, register_worker, remove_worker
 from ..db.unpooled import guard_pooled_sessions, outside_the_pool
+from ..discovery import discover_task_modules
 from ..lifecycle import ClaimedTask, Released
 from .config import WorkerConfig
 from .dbclock import DatabaseClock
 from .doers import Doer, make_doer
 from .execution import TaskRunner
-from .heartbeat import Heartbeat, Lease, WorkerPruner
+from .heartbeat import Heartbeat, Lease
 from .leadership import LeaderElection
-from .metrics_flusher import metrics_services
 from .outcome import outcome_for
+from .plugins import ServiceContext, plugged_services
 from .reaper import reap_expired
 from .reporter import Reporter
 from .services import Service, Services
@@ -101,6 +103,8 @@ class Worker:
     def __init__(self, config: WorkerConfig, clock: Callable[[], datetime] | None = None) -> None:
         self.config = config
         self.backend = cast("DatabaseBackend", task_backends[config.backend_alias])
+        # Every installed app's tasks module, so their definitions' services are known.
+        discover_task_modules(self.backend.settings)
         self.database = self.backend.settings.database
         # The host's clock corrected to the database's, unless a test brings its own.
         self.database_clock = DatabaseClock(self.database) if clock is None else None
@@ -203,18 +207,23 @@ class Worker:
     def build_services(self) -> list[Service]:
         """The worker's services, in start order (stopped in reverse order).
 
-        Per-worker services run on every worker; ``singleton`` ones only on the elected
-        leader of the backend. A new background duty is one more entry here.
+        Only the engine's own are listed here; features, ``OPTIONS["SERVICES"]`` and task
+        definitions plug theirs in through service factories (``plugins.py``). Per-worker
+        services run on every worker; ``singleton`` ones only on the elected leader.
         """
         config = self.config
+        context = ServiceContext(
+            backend=self.backend,
+            worker_id=config.worker_id,
+            queues=config.queues,
+            clock=self.clock,
+            bound_seconds=config.visibility_timeout,
+            outcome_writer=self.reporter,
+        )
         services: list[Service] = [
-            # First, so it stops last: its final flush follows the reporter's last batch.
-            *metrics_services(
-                self.backend.settings,
-                clock=self.clock,
-                bound_seconds=config.visibility_timeout,
-                after=[self.reporter],
-            ),
+            # First, so they stop last: a final metrics flush follows the reporter's
+            # last batch.
+            *plugged_services(context),
             self.reporter,
             Heartbeat(
                 self.backend,
@@ -229,12 +238,6 @@ class Worker:
         ]
         if self.listening:
             services.append(NotifyListener(self.database, config.queues, self.wakeup))
-        # Singletons: started on this worker only while it leads the backend.
-        services.append(
-            WorkerPruner(
-                self.database, clock=self.clock, visibility_timeout=config.visibility_timeout
-            )
-        )
         if any(service.singleton for service in services):
             self.election = LeaderElection(
                 self.database,
@@ -542,7 +545,7 @@ class Worker:
     def _release(self, task: ClaimedTask) -> None:
         outcome = outcome_for(self.backend, task, Released(), task=None, now=self.clock())
         try:
-            apply_transition(self.database, task, outcome)
+            apply_outcome(self.database, task, outcome)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
 

@@ -19,6 +19,7 @@ from .services import LoopService
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
+    from .plugins import ServiceContext
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -122,3 +123,10 @@ class WorkerPruner(LoopService):
             return
         if forgotten:
             logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))
+
+
+def worker_pruner_factory(context: ServiceContext) -> WorkerPruner:
+    """The worker-row pruner's service factory (registered by ``AppConfig.ready``)."""
+    return WorkerPruner(
+        context.database, clock=context.clock, visibility_timeout=context.bound_seconds
+    )

@@ -21,6 +21,7 @@ from ..db import worker_connection
 from ..db.metrics import prune_flush_keys, prune_metrics
 from ..metrics.aggregate import AGGREGATOR, Aggregator
 from ..metrics.catalog import ALL_TIME
+from .plugins import ServiceContext
 from .services import LoopService, Service
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -144,3 +145,13 @@ def metrics_services(
         ),
         MetricsPruner(settings, clock=clock, bound_seconds=bound_seconds),
     ]
+
+
+def metrics_service_factory(context: ServiceContext) -> list[Service]:
+    """The metrics feature's service factory (registered by ``AppConfig.ready``)."""
+    return metrics_services(
+        context.settings,
+        clock=context.clock,
+        bound_seconds=context.bound_seconds,
+        after=[context.outcome_writer],
+    )

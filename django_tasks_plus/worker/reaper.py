@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, DataError, IntegrityError
 
 from .. import compat, events
-from ..db.store import apply_transition, expired_tasks
+from ..db.completions import apply_outcome
+from ..db.store import expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
 from ..lifecycle import Aborted, ClaimedTask, Event, Failed, Transition, unstorable_outcome
@@ -59,7 +60,7 @@ def _write(
     """
     database = backend.settings.database
     try:
-        landed = apply_transition(database, claimed, outcome, only_if_expired=True)
+        landed = apply_outcome(database, claimed, outcome, only_if_expired=True)
     except (DataError, IntegrityError) as problem:
         logger.error(
             "Task %s: the outcome of its expired lease cannot be stored (%s); "
@@ -69,7 +70,7 @@ def _write(
         )
         outcome = unstorable_outcome(claimed, outcome, problem, now=now)
         try:
-            landed = apply_transition(database, claimed, outcome, only_if_expired=True)
+            landed = apply_outcome(database, claimed, outcome, only_if_expired=True)
         except (DataError, IntegrityError):
             logger.exception("Task %s: could not record the failure either", claimed.id)
             return None
