@@ -39,7 +39,7 @@ from django_tasks_plus.breaker import MAX_DURATION
 from django_tasks_plus.compat import TaskResultStatus, task_backends
 from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.db import dialect_for
-from django_tasks_plus.db.store import apply_transition as store_apply_transition
+from django_tasks_plus.db.completions import apply_outcome as completions_apply_outcome
 from django_tasks_plus.definition import validate_task_options
 from django_tasks_plus.lifecycle import (
     ClaimedTask,
@@ -365,13 +365,13 @@ def test_the_reaper_settles_alone_a_row_whose_outcome_the_database_refuses(monke
     assert {task.id for task in expired} == {first.id, second.id}
     refused_once: list[str] = []
 
-    def apply_transition(database: str, task: ClaimedTask, outcome: Transition, **kw: Any):  # type: ignore[no-untyped-def]
+    def apply_outcome(database: str, task: ClaimedTask, outcome: Transition, **kw: Any):  # type: ignore[no-untyped-def]
         if task.id == first.id and not refused_once:
             refused_once.append(task.id)
             raise DataError("value out of range for this column")
-        return store_apply_transition(database, task, outcome, **kw)
+        return completions_apply_outcome(database, task, outcome, **kw)
 
-    monkeypatch.setattr(reaper, "apply_transition", apply_transition)
+    monkeypatch.setattr(reaper, "apply_outcome", apply_outcome)
     assert reaper.reap_expired(backend, django_timezone.now) == 2
 
     refused = TaskRecord.objects.get(pk=first.id)
