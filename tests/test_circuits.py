@@ -8,14 +8,17 @@ transactions of its own and skips recording inside a transaction a task left ope
 
 from __future__ import annotations
 
+import io
 import logging
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.urls import reverse
 from django.utils import timezone
 
-from django_tasks_plus import Abort, Breaker, BreakerHeldTooLong, Hold, events, task
+from django_tasks_plus import Abort, Breaker, BreakerHeldTooLong, Hold, cancel, events, redrive, task
 from django_tasks_plus.breaker import State, failures_text
 from django_tasks_plus.circuits import (
     breaker_middleware,
@@ -305,3 +308,73 @@ def test_an_outcome_is_not_recorded_inside_a_transaction_the_task_left_open(capl
         leaked.__exit__(None, None, None)
     assert "left a transaction open" in caplog.text
     assert not BreakerRecord.objects.exists()
+
+
+# -- redrive starts a new run (a held task cancelled, or dropped, then redriven) -------------
+
+
+def _redrive_by_api(task_id: str, _client: Any) -> None:
+    assert redrive(task_id) is True
+
+
+def _redrive_by_command(task_id: str, _client: Any) -> None:
+    call_command("redrivetasks", task_id, stdout=io.StringIO())
+
+
+def _redrive_in_the_admin(task_id: str, client: Any) -> None:
+    response = client.post(
+        reverse("admin:django_tasks_plus_taskrecord_changelist"),
+        {"action": "redrive_tasks", "_selected_action": [task_id], "index": 0},
+        follow=True,
+    )
+    assert "1 task redriven." in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "redrive_by", [_redrive_by_api, _redrive_by_command, _redrive_in_the_admin], ids=str
+)
+def test_a_held_task_cancelled_then_redriven_is_held_again_not_dropped(redrive_by, admin_client):
+    """It was first held two hours ago, longer than the held TTL (an hour): the new run's
+    wait starts with its first hold, so the task is held, not dropped at its first claim.
+    The cancel error stays in its history; the state of the cancelled run does not."""
+    force_open(HOST, name="inboxes")
+    row = waiting_task()
+    TaskRecord.objects.filter(pk=row.pk).update(
+        held_since=timezone.now() - timedelta(hours=2), attempt=3, worker_ids=["w-1"]
+    )
+    assert cancel(str(row.pk)).outcome == "cancelled"
+    # A row cancelled before the fix kept these; whatever the path, redrive resets them.
+    TaskRecord.objects.filter(pk=row.pk).update(
+        held_since=timezone.now() - timedelta(hours=2),
+        lease_token="stale-token",
+        lease_expires_at=timezone.now() - timedelta(hours=1),
+    )
+
+    redrive_by(str(row.pk), admin_client)
+
+    row.refresh_from_db()
+    assert row.status == TaskResultStatus.READY
+    assert (row.held_since, row.attempt, row.lease_token, row.lease_expires_at) == (
+        None,
+        0,
+        None,
+        None,
+    )
+    assert (row.finished_at, row.dead_letter_reason, row.cancel_requested) == (None, "", False)
+    assert [error["exception_class_path"] for error in row.errors] == [
+        "django_tasks_plus.exceptions.Cancelled"
+    ]
+    assert row.worker_ids == ["w-1"]  # history kept
+    answer = run(
+        lambda _attempt: pytest.fail("the circuit is open"),
+        attempt(str(row.pk), held_since=row.held_since),
+    )
+    assert isinstance(answer, Hold)
+    assert drops == []
+
+
+def test_cancelling_a_held_task_ends_its_hold():
+    row = waiting_task()
+    assert cancel(str(row.pk)).outcome == "cancelled"
+    row.refresh_from_db()
+    assert (row.status, row.held_since) == (TaskResultStatus.FAILED, None)
