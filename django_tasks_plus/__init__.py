@@ -11,6 +11,7 @@ from .exceptions import (
     Abort,
     BreakerHeldTooLong,
     Cancelled,
+    CircuitNotFound,
     CorruptTaskRecord,
     DatabaseUnavailable,
     InvalidBackendOptions,
@@ -27,6 +28,7 @@ from .exceptions import (
     TasksPlusError,
     TaskTimeout,
     TransactionLeaked,
+    UnknownBreaker,
     UnsupportedDatabase,
 )
 from .middleware import Hold
@@ -47,6 +49,7 @@ __all__ = [
     "Breaker",
     "BreakerHeldTooLong",
     "Cancelled",
+    "CircuitNotFound",
     "CorruptTaskRecord",
     "DatabaseUnavailable",
     "DroppedTask",
@@ -71,6 +74,7 @@ __all__ = [
     "TaskTimeout",
     "TasksPlusError",
     "TransactionLeaked",
+    "UnknownBreaker",
     "UnsupportedDatabase",
     "aenqueue_many",
     "cancel",

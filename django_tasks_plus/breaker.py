@@ -49,6 +49,16 @@ MAX_DURATION = timedelta(days=3650)
 NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred, Cancelled)
 
 
+# The names of the Breakers created in this process (at import of the task modules): an
+# operator opening a circuit by hand is warned about a name no task of theirs uses.
+_DECLARED_NAMES: set[str] = set()
+
+
+def declared_names() -> frozenset[str]:
+    """The names of every ``Breaker`` created in this process so far."""
+    return frozenset(_DECLARED_NAMES)
+
+
 class State(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
@@ -175,6 +185,7 @@ class Breaker:
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise InvalidTaskOptions(f"Breaker {hook} must be callable, got {value!r}.")
+        _DECLARED_NAMES.add(self.name)
 
     # -- typed views of the normalised fields ------------------------------------------
 

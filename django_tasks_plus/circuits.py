@@ -42,6 +42,7 @@ from .breaker import (
     check_key,
     check_name,
     decide,
+    declared_names,
     failures_text,
     force,
     parse_circuit,
@@ -52,7 +53,7 @@ from .breaker import (
     split_scoped_key,
 )
 from .db import breakers as store
-from .exceptions import BreakerHeldTooLong, InvalidBackendOptions
+from .exceptions import BreakerHeldTooLong, CircuitNotFound, InvalidBackendOptions, UnknownBreaker
 from .middleware import Attempt, Handler
 from .middleware import Hold as HoldTask
 
@@ -398,32 +399,89 @@ def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[Bre
 def force_close(
     key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
 ) -> int:
-    """Close a circuit now (its failures forgotten) and release the tasks it held; returns
-    how many were released. Hooks do not run: they belong to the workers' breakers.
-    Raises ``ValueError`` for a name or key no breaker could have."""
-    return _force(State.CLOSED, key, name, backend)
+    """Close a stored circuit now (its failures forgotten) and release the tasks it held;
+    returns how many were released. Hooks do not run: they belong to the workers' breakers.
+
+    Raises ``CircuitNotFound`` when no circuit of that name and key is stored (nothing
+    is written: a mistyped or missing name would otherwise leave the real circuit open),
+    listing the names the key has circuits under; ``ValueError`` for a name or key no
+    breaker could have.
+    """
+    where = _where(key, name, backend)
+    with transaction.atomic(using=where.database):
+        now = store.database_now(where.database)
+        columns = store.locked_existing_circuit(where.database, backend, where.name, where.key)
+        if columns is None:
+            raise _not_found(where)
+        current = _parse(where, columns)
+        after = force(State.CLOSED, now=now)
+        _save(where, after, now)
+    _announce(None, where, current, after, "operator")
+    return _release(where, now)
 
 
 def force_open(
-    key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
+    key: str,
+    *,
+    name: str = "default",
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    create: bool = False,
 ) -> None:
     """Open a circuit now: its tasks are held from their next claim on, and a probe runs
-    once the breaker's recovery delay has passed, as after failures."""
-    _force(State.OPEN, key, name, backend)
+    once the breaker's recovery delay has passed, as after failures.
+
+    A key with no stored circuit gets one, if its breaker name is in use: by a stored
+    circuit, a waiting task, or a ``Breaker`` created in this process. Any other name
+    raises ``UnknownBreaker`` (a typo would open a circuit no task consults) unless
+    ``create=True``. Raises ``ValueError`` for a name or key no breaker could have.
+    """
+    where = _where(key, name, backend)
+    if not create and not _known_name(where):
+        known = tuple(sorted(declared_names() | store.stored_names(where.database, backend)))
+        raise UnknownBreaker(
+            f"No breaker named {where.name!r} is in use in backend {backend!r}: no stored "
+            f"circuit, no waiting task and no Breaker loaded in this process has that name "
+            f"(names in use: {', '.join(known) or 'none'}). Pass create=True (manage.py "
+            "breakers open --create) to open it anyway.",
+            name=where.name,
+            known=known,
+        )
+    with transaction.atomic(using=where.database):
+        now = store.database_now(where.database)
+        columns = store.locked_circuit(where.database, backend, where.name, where.key, now)
+        current = _parse(where, columns)
+        after = force(State.OPEN, now=now)
+        _save(where, after, now)
+    _announce(None, where, current, after, "operator")
 
 
-def _force(state: State, key: str, name: str, backend: str) -> int:
+def _where(key: str, name: str, backend: str) -> _Key:
     check_name(name)
     checked = check_key(key, "A breaker key")  # raises ValueError, as check_name
     if checked is None:
         raise ValueError("A breaker key is required to force a circuit.")
-    where = _Key(_database(backend), backend, name, checked)
-    with transaction.atomic(using=where.database):
-        now = store.database_now(where.database)
-        current = _parse(where, store.locked_circuit(where.database, backend, name, key, now))
-        after = force(state, now=now)
-        _save(where, after, now)
-    _announce(None, where, current, after, "operator")
-    if state is State.CLOSED:
-        return _release(where, now)
-    return 0
+    return _Key(_database(backend), backend, name, checked)
+
+
+def _known_name(where: _Key) -> bool:
+    if where.name in declared_names():
+        return True
+    return store.name_in_use(where.database, where.backend, where.name)
+
+
+def _not_found(where: _Key) -> CircuitNotFound:
+    others = store.circuits_of_key(where.database, where.backend, where.key)
+    if others:
+        listed = ", ".join(f"{name} ({state})" for name, state in others)
+        hint = f"{where.key!r} has stored circuits under: {listed}; give that name."
+    else:
+        hint = (
+            f"no breaker has a stored circuit for {where.key!r}; a key that never failed is closed."
+        )
+    return CircuitNotFound(
+        f"No circuit {where.scoped!r} is stored in backend {where.backend!r}, so there is "
+        f"nothing to close: {hint}",
+        name=where.name,
+        key=where.key,
+        others=tuple(name for name, _state in others),
+    )

@@ -18,7 +18,16 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from django_tasks_plus import Abort, Breaker, BreakerHeldTooLong, Hold, cancel, events, redrive, task
+from django_tasks_plus import (
+    Abort,
+    Breaker,
+    BreakerHeldTooLong,
+    Hold,
+    cancel,
+    events,
+    redrive,
+    task,
+)
 from django_tasks_plus.breaker import State, failures_text
 from django_tasks_plus.circuits import (
     breaker_middleware,
