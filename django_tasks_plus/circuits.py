@@ -21,6 +21,7 @@ cannot be read is treated as closed and logged, and overwritten by the next chan
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -58,6 +59,8 @@ from .middleware import Attempt, Handler
 from .middleware import Hold as HoldTask
 
 logger = logging.getLogger("django_tasks_plus.breakers")
+# How often a closing probe looks whether the holds decided just before it are written.
+LATE_HOLD_POLL = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,15 +273,49 @@ def _record(breaker: Breaker, where: _Key, attempt: Attempt, outcome: str) -> No
         )
     _announce(breaker, where, current, after, attempt.id)
     if after.state is State.CLOSED and current.state is not State.CLOSED:
-        _release(where, now)
+        _release_on_close(breaker, where, now, attempt.id)
     elif current.probe_task_id is not None and after.probe_task_id is None:
         # The probe ended saying nothing about the host: the tasks parked until it would
         # have gone stale are due now, so that one of them probes at once.
         _release(where, now)
 
 
-def _release(where: _Key, now: datetime) -> int:
-    """The circuit closed: the tasks it held are due now."""
+def _release_on_close(breaker: Breaker, where: _Key, now: datetime, probe_id: str) -> None:
+    """The probe closed the circuit: release its held tasks, including the holds that
+    were decided before the close but are written after the release.
+
+    A task claimed while the probe ran is held until the probe would be stale; a worker
+    that decided so just before the close may write that hold after the release below,
+    and nothing else would release it before the park ends. Such an attempt is RUNNING
+    now (a hold is decided under the row lock, before the close), so: note the key's
+    running attempts first, release, wait for those to be written (at most
+    ``release_interval``), and release once more. A few statements per close, never one
+    per held task.
+    """
+    try:
+        leases = store.running_leases(where.database, where.backend, where.scoped, probe_id)
+    except DatabaseError:
+        leases = []
+    _release(where, now)
+    if not leases:
+        return
+    try:
+        deadline = time.monotonic() + breaker.recheck.total_seconds()
+        while time.monotonic() < deadline and store.still_running(where.database, leases):
+            time.sleep(LATE_HOLD_POLL)
+        _release(where, store.database_now(where.database), quiet=True)
+    except DatabaseError as exc:
+        logger.warning(
+            "Circuit breaker %s closed, but the holds written since could not be released "
+            "(%s); each runs when its hold ends.",
+            where.scoped,
+            exc,
+        )
+
+
+def _release(where: _Key, now: datetime, *, quiet: bool = False) -> int:
+    """The circuit closed: the tasks it held are due now. ``quiet``: announce only a
+    release that found tasks (a second look after the first)."""
     try:
         released = store.release_tasks(where.database, where.backend, where.scoped, now)
     except DatabaseError as exc:
@@ -291,6 +328,8 @@ def _release(where: _Key, now: datetime) -> int:
         return 0
     if released:
         logger.info("Circuit breaker %s: %d held task(s) released.", where.scoped, released)
+    elif quiet:
+        return 0
     events.emit(events.TASK_RELEASED, {"count": released}, _labels(where))
     return released
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
@@ -39,6 +42,7 @@ from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.exceptions import Cancelled
 from django_tasks_plus.middleware import Attempt
 from django_tasks_plus.models import BreakerRecord, TaskRecord
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,6 +74,13 @@ GUARD = Breaker(
 
 @task(breaker=GUARD)
 def deliver(url: str) -> str:
+    return url
+
+
+# The same circuits, with a release interval long enough that a closing probe waits for
+# a late hold however slow the machine is (it stops waiting once the hold is written).
+@task(breaker=replace(GUARD, release_interval=300))
+def deliver_patiently(url: str) -> str:
     return url
 
 
@@ -184,6 +195,41 @@ def test_the_probes_success_closes_the_circuit_and_releases_the_held_tasks():
     assert state_changes == [(HOST, "half-open", "closed")]
     [status] = breaker_states()
     assert status.held == 0  # released: due now, no longer held back
+
+
+def test_a_hold_written_after_the_probe_closed_the_circuit_is_released_too():
+    """Another worker decided to hold a task (until the probe would be stale) just before
+    the probe succeeded, and writes that hold only after the release: the closing probe
+    waits for that attempt to be written and releases it as well."""
+    half_open()
+    late = waiting_task(held=False)
+    TaskRecord.objects.filter(pk=late.pk).update(
+        status=TaskResultStatus.RUNNING, lease_token="late-hold"
+    )
+    stale_at = timezone.now() + timedelta(seconds=60)
+
+    def other_worker_writes_its_hold() -> None:
+        try:
+            wait_for(lambda: circuit().state == "closed", timeout=30)
+            TaskRecord.objects.filter(pk=late.pk, lease_token="late-hold").update(
+                status=TaskResultStatus.READY,
+                lease_token=None,
+                run_after=stale_at,
+                held_since=timezone.now(),
+            )
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=other_worker_writes_its_hold)
+    writer.start()
+    try:
+        patient = Attempt(**{**_fields(attempt("probe-1")), "task": deliver_patiently})
+        assert run(lambda _attempt: "delivered", patient) == "delivered"
+    finally:
+        writer.join()
+    late.refresh_from_db()
+    assert late.status == TaskResultStatus.READY
+    assert late.run_after <= timezone.now()  # released, not left parked until stale_at
 
 
 @pytest.mark.parametrize("exc", [Abort("bad payload"), Cancelled("stop"), KeyError("x")], ids=type)

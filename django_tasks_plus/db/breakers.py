@@ -171,6 +171,31 @@ def release_tasks(database: str, backend_name: str, breaker_key: str, now: datet
     )
 
 
+def running_leases(
+    database: str, backend_name: str, breaker_key: str, besides: str
+) -> list[tuple[str, str]]:
+    """``(id, lease token)`` of the key's RUNNING tasks other than ``besides``."""
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(backend_name=backend_name, breaker_key=breaker_key, status=TaskResultStatus.RUNNING)
+        .values_list("pk", "lease_token")
+    )
+    return [(str(pk), str(token)) for pk, token in rows if str(pk) != besides]
+
+
+def still_running(database: str, leases: list[tuple[str, str]]) -> bool:
+    """Whether any of these attempts (a task under that lease) is still RUNNING."""
+    return (
+        TaskRecord.objects.using(database)
+        .filter(
+            pk__in=[pk for pk, _token in leases],
+            lease_token__in=[token for _pk, token in leases],
+            status=TaskResultStatus.RUNNING,
+        )
+        .exists()
+    )
+
+
 def breaker_rows(database: str, backend_name: str) -> list[BreakerRecord]:
     """Every stored circuit of the backend, by breaker name and key."""
     return list(
