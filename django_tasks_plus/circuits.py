@@ -163,10 +163,15 @@ def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Hold
             breaker, current, now=now, task_id=attempt.id, held_since=attempt.held_since
         )
         park = None
+        parked = 0
         target = decision.park_until if isinstance(decision, Hold) else None
         if target is not None and (after.parked_until is None or after.parked_until < target):
             park = target
             after = replace(after, parked_until=park)
+            # Under the row lock: whoever sees ``parked_until`` next knows the key's waiting
+            # tasks are parked already. Parked after the commit, they could still be claimed
+            # (and held one by one) by workers whose holds went ahead meanwhile.
+            parked = store.park_tasks(where.database, where.backend, where.scoped, park, now)
         if after != current:
             _save(where, after, now)
     _announce(breaker, where, current, after, attempt.id)
@@ -178,7 +183,6 @@ def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Hold
             {**_labels(where), "task_id": attempt.id, "task_path": attempt.task_path},
         )
     if park is not None:
-        parked = store.park_tasks(where.database, where.backend, where.scoped, park, now)
         if parked:
             logger.info(
                 "Circuit breaker %s: %d waiting task(s) held until %s.",

@@ -546,6 +546,29 @@ def call_probed_host(host: str, n: int, seconds: float = 0.0) -> int:
     return _call_host(host, n, seconds)
 
 
+@task(
+    retry=BREAKER_RETRY,
+    breaker=Breaker(
+        key=_named_host,
+        name="halfopen",
+        failure_threshold=3,
+        failure_window=60,
+        recovery_delay=60,
+        release_interval=0.05,
+        failures=(ConnectionError,),
+    ),
+)
+def call_slow_host(host: str, n: int, seconds: float = 0.0) -> int:
+    """Waits until the marker ``up-<host>`` exists (at most a minute), then calls: the
+    half-open circuit's probe stays live for as long as a test wants. Its release
+    interval is short, so that a task held one by one would be claimed again often."""
+    up = _marker(f"up-{host}")
+    deadline = time.monotonic() + 60
+    while up is not None and not up.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _call_host(host, n, seconds)
+
+
 def _state_hook_raises(key: str, old: object, new: object) -> None:
     _append("ttl-state-changes", f"{key} {old} {new}")
     raise RuntimeError("state hook exploded")
