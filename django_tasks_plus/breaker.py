@@ -199,6 +199,7 @@ class Breaker:
 
     @property
     def recheck(self) -> timedelta:
+        """How long a closing probe waits at most for holds decided just before it."""
         return self.release_interval  # type: ignore[return-value]
 
     @property

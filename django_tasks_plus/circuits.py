@@ -10,7 +10,9 @@ breakers. Around each attempt of a task whose call has a breaker key, the middle
    other waiting tasks are held in the same way, in one statement), or drop
    (``BreakerHeldTooLong``, which dead-letters the task);
 3. after the call, records a counted failure, the probe's outcome, or a success that
-   clears remembered failures, under the row lock.
+   clears remembered failures, under the row lock; a probe that closes the circuit
+   releases the key's held tasks (and, once the holds decided just before the close
+   are written, releases again).
 
 State changes, probes, holds of many tasks, releases and drops are emitted as events and
 logged; ``on_state_change`` and ``on_drop`` run after the change is committed. A hook or
