@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -230,6 +231,68 @@ def test_a_hold_written_after_the_probe_closed_the_circuit_is_released_too():
     late.refresh_from_db()
     assert late.status == TaskResultStatus.READY
     assert late.run_after <= timezone.now()  # released, not left parked until stale_at
+
+
+def _one_probe(waiting: int) -> tuple[int, int]:
+    """One probe of a circuit with ``waiting`` tasks, as a worker claiming 4 at once runs
+    it: the first probes; while it runs, its 3 batch-mates are held (their holds written
+    as the worker writes them); then it succeeds. Returns the statements it took, and how
+    many tasks of the key were due before the probe would have gone stale."""
+    TaskRecord.objects.all().delete()
+    BreakerRecord.objects.all().delete()
+    now = timezone.now()
+    BreakerRecord.objects.create(
+        backend_name="default",
+        name="inboxes",
+        key=HOST,
+        state="open",
+        failures="[]",
+        opened_at=now - timedelta(hours=1),
+        updated_at=now,
+    )
+    rows = [waiting_task(held=False, due_in=-1) for _ in range(waiting)]
+    batch = rows[:4]
+    TaskRecord.objects.filter(pk__in=[row.pk for row in batch]).update(
+        status=TaskResultStatus.RUNNING, lease_token="claimed"
+    )
+    due_early: list[int] = []
+
+    def probe(_attempt: Attempt) -> str:
+        for mate in batch[1:]:
+            hold = run(lambda _a: pytest.fail("held"), attempt(str(mate.pk)))
+            assert isinstance(hold, Hold)
+            TaskRecord.objects.filter(pk=mate.pk).update(
+                status=TaskResultStatus.READY,
+                lease_token=None,
+                run_after=hold.until,
+                held_since=timezone.now(),
+            )
+        stale_at = circuit().probe_started_at + timedelta(seconds=60)
+        due_early.append(
+            TaskRecord.objects.filter(status=TaskResultStatus.READY, run_after__lt=stale_at).count()
+        )
+        TaskRecord.objects.filter(pk=batch[0].pk).update(lease_token="probing")
+        return "delivered"
+
+    with CaptureQueriesContext(connection) as queries:
+        assert run(probe, attempt(str(batch[0].pk))) == "delivered"
+    assert circuit().state == "closed"
+    breaker_statements = [
+        query["sql"]
+        for query in queries.captured_queries
+        if "breakerrecord" in query["sql"] or "taskrecord" in query["sql"]
+    ]
+    return len(breaker_statements), due_early[0]
+
+
+def test_a_probe_takes_the_same_statements_whatever_the_number_of_waiting_tasks():
+    """Held tasks join the park: while the probe runs, none of the key's tasks is due (so
+    none is claimed again, each claim taking the circuit's lock and writing), and the
+    probe costs the same statements with 10 or 30 tasks waiting."""
+    few, due_with_few = _one_probe(10)
+    many, due_with_many = _one_probe(30)
+    assert (due_with_few, due_with_many) == (0, 0)
+    assert few == many
 
 
 @pytest.mark.parametrize("exc", [Abort("bad payload"), Cancelled("stop"), KeyError("x")], ids=type)
