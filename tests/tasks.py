@@ -537,7 +537,7 @@ def call_parked_host(host: str, n: int, seconds: float = 0.0) -> int:
         name="probe",
         failure_threshold=3,
         failure_window=60,
-        recovery_delay=2,
+        recovery_delay=30,  # a probe on a slow machine must not go stale
         release_interval=0.2,
         failures=(ConnectionError,),
     ),
@@ -593,7 +593,7 @@ def _drop_hook_raises(key: str, dropped: DroppedTask) -> None:
         name="ttl",
         failure_threshold=1,
         failure_window=60,
-        recovery_delay=2,
+        recovery_delay=60,  # no probe: the held tasks are dropped first, however slow
         held_ttl=1,
         release_interval=0.2,
         failures=(ConnectionError,),
