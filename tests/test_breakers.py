@@ -277,7 +277,7 @@ def test_http_host_down_then_up_through_three_workers(
 # -- 2. the basic open / hold / close path with one worker (any database) -------------------
 
 
-def test_open_hold_close_with_one_worker(start_worker, markers):
+def test_open_hold_close_with_one_worker(start_worker, markers, event_log):
     down = markers / "down-flaky"
     down.touch()
     first = [tasks.call_host.enqueue("flaky", n) for n in range(2)]
@@ -296,9 +296,14 @@ def test_open_hold_close_with_one_worker(start_worker, markers):
         timeout=10,
     )
     calls_while_open = len(_calls(markers, "flaky"))
+    # Held, not run: only a probe reaches the host while the circuit is not closed (a
+    # slow run may pass the 1 s recovery delay here, and probe with one of them).
+    probes = len(_events(event_log, "breaker.probe_started", key="flaky"))
+    reached = [n for n, *_ in _calls(markers, "flaky") if n in {2, 3, 4}]
+    assert len(reached) <= probes, (reached, probes)
     for row in TaskRecord.objects.filter(pk__in=more_ids):
-        assert row.attempt == 0 and row.errors == []
-    assert not {2, 3, 4} & {n for n, *_ in _calls(markers, "flaky")}
+        if _n_of(row) not in reached:
+            assert row.attempt == 0 and row.errors == []
 
     down.unlink()
     wait_for(
