@@ -11,6 +11,7 @@ from .exceptions import (
     Abort,
     BreakerHeldTooLong,
     Cancelled,
+    CircuitNotFound,
     CorruptTaskRecord,
     DatabaseUnavailable,
     InvalidBackendOptions,
@@ -28,6 +29,7 @@ from .exceptions import (
     TaskTimeout,
     TimeOutOfRange,
     TransactionLeaked,
+    UnknownBreaker,
     UnsupportedDatabase,
 )
 from .middleware import Hold
@@ -50,6 +52,7 @@ __all__ = [
     "Breaker",
     "BreakerHeldTooLong",
     "Cancelled",
+    "CircuitNotFound",
     "CorruptTaskRecord",
     "DatabaseUnavailable",
     "DroppedTask",
@@ -75,6 +78,7 @@ __all__ = [
     "TasksPlusError",
     "TimeOutOfRange",
     "TransactionLeaked",
+    "UnknownBreaker",
     "UnsupportedDatabase",
     "aenqueue_many",
     "cancel",

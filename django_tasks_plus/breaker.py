@@ -8,10 +8,10 @@ key is
 * **open**: tasks are held (not run, no attempt spent) until ``recovery_delay`` after the
   circuit opened; the first task claimed after that becomes the **probe** and the
   circuit is **half-open**;
-* **half-open**: only the probe runs; other tasks are held and look again every
-  ``release_interval``. The probe's success closes the circuit, its failure opens it
-  again; a probe that has not reported within ``recovery_delay`` (its worker died) is
-  stale, and the next task claimed becomes the probe instead.
+* **half-open**: only the probe runs; other tasks are held (parked) until the probe
+  would be stale. The probe's success closes the circuit and releases them, its
+  failure opens it again; a probe that has not reported within ``recovery_delay`` (its
+  worker died) is stale, and the next task claimed becomes the probe instead.
 
 A task held past ``held_ttl`` is dropped (dead-lettered) while the circuit is not closed.
 
@@ -47,6 +47,16 @@ MAX_DURATION = HORIZON
 # Exceptions that say nothing about the remote host: the task decided (Abort), asked to
 # run later (TaskDeferred) or stopped on request (Cancelled). Not failures by default.
 NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred, Cancelled)
+
+
+# The names of the Breakers created in this process (at import of the task modules): an
+# operator opening a circuit by hand is warned about a name no task of theirs uses.
+_DECLARED_NAMES: set[str] = set()
+
+
+def declared_names() -> frozenset[str]:
+    """The names of every ``Breaker`` created in this process so far."""
+    return frozenset(_DECLARED_NAMES)
 
 
 class State(StrEnum):
@@ -165,6 +175,7 @@ class Breaker:
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise InvalidTaskOptions(f"Breaker {hook} must be callable, got {value!r}.")
+        _DECLARED_NAMES.add(self.name)
 
     # -- typed views of the normalised fields ------------------------------------------
 
@@ -178,6 +189,7 @@ class Breaker:
 
     @property
     def recheck(self) -> timedelta:
+        """How long a closing probe waits at most for holds decided just before it."""
         return self.release_interval  # type: ignore[return-value]
 
     @property
@@ -312,10 +324,12 @@ def decide(
     started = circuit.probe_started_at
     if circuit.probe_task_id is None or started is None or now >= started + breaker.recovery:
         return Run(probe=True), _probing(circuit, task_id, now)
-    until = min(now + breaker.recheck, deadline)
+    # Held with the parked tasks, not for a release interval: a task held one by one
+    # would be claimed again every interval, each claim taking this row's lock, for as
+    # long as the probe runs. The probe's end releases the park, this task with it.
     stale_at = started + breaker.recovery
     reason = f"circuit half-open: waiting for probe {circuit.probe_task_id}"
-    return Hold(until, reason, stale_at), circuit
+    return Hold(min(stale_at, deadline), reason, stale_at), circuit
 
 
 def _probing(circuit: Circuit, task_id: str, now: datetime) -> Circuit:

@@ -207,10 +207,34 @@ class BreakerHeldTooLong(Abort):
     host is back)."""
 
 
+class CircuitNotFound(TasksPlusError, LookupError):
+    """``force_close()`` named a circuit (breaker name and key) that is not stored: closing
+    it would change nothing, and the circuit meant (under another name) would stay open.
+    ``others`` lists the names the key has stored circuits under."""
+
+    def __init__(self, message: str, *, name: str, key: str, others: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.key = key
+        self.others = others
+
+
+class UnknownBreaker(TasksPlusError, LookupError):
+    """``force_open()`` named a breaker nothing uses (no stored circuit, no waiting task,
+    no ``Breaker`` in this process): a typo would open a circuit no task ever consults.
+    Pass ``create=True`` to open it anyway. ``known`` lists the names in use."""
+
+    def __init__(self, message: str, *, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.known = known
+
+
 __all__ = [
     "Abort",
     "BreakerHeldTooLong",
     "Cancelled",
+    "CircuitNotFound",
     "CorruptTaskRecord",
     "DatabaseUnavailable",
     "InvalidBackendOptions",
@@ -228,5 +252,6 @@ __all__ = [
     "TasksPlusError",
     "TimeOutOfRange",
     "TransactionLeaked",
+    "UnknownBreaker",
     "UnsupportedDatabase",
 ]

@@ -624,12 +624,35 @@ def call_parked_host(host: str, n: int, seconds: float = 0.0) -> int:
         name="probe",
         failure_threshold=3,
         failure_window=60,
-        recovery_delay=2,
+        recovery_delay=30,  # a probe on a slow machine must not go stale
         release_interval=0.2,
         failures=(ConnectionError,),
     ),
 )
 def call_probed_host(host: str, n: int, seconds: float = 0.0) -> int:
+    return _call_host(host, n, seconds)
+
+
+@task(
+    retry=BREAKER_RETRY,
+    breaker=Breaker(
+        key=_named_host,
+        name="halfopen",
+        failure_threshold=3,
+        failure_window=60,
+        recovery_delay=60,
+        release_interval=0.05,
+        failures=(ConnectionError,),
+    ),
+)
+def call_slow_host(host: str, n: int, seconds: float = 0.0) -> int:
+    """Waits until the marker ``up-<host>`` exists (at most a minute), then calls: the
+    half-open circuit's probe stays live for as long as a test wants. Its release
+    interval is short, so that a task held one by one would be claimed again often."""
+    up = _marker(f"up-{host}")
+    deadline = time.monotonic() + 60
+    while up is not None and not up.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     return _call_host(host, n, seconds)
 
 
@@ -657,7 +680,7 @@ def _drop_hook_raises(key: str, dropped: DroppedTask) -> None:
         name="ttl",
         failure_threshold=1,
         failure_window=60,
-        recovery_delay=2,
+        recovery_delay=60,  # no probe: the held tasks are dropped first, however slow
         held_ttl=1,
         release_interval=0.2,
         failures=(ConnectionError,),

@@ -168,6 +168,7 @@ def cancel_ready(database: str, task_id: str, error: dict, now: datetime) -> boo
                 errors=[*error_list(row["errors"]), error],
                 dead_letter_reason="cancelled",
                 cancel_requested=True,
+                held_since=None,  # finished: no longer held back by a breaker
             )
         )
         if updated:
@@ -188,20 +189,31 @@ def cancel_requested(database: str, task_id: str) -> bool:
     return TaskRecord.objects.using(database).filter(pk=task_id, cancel_requested=True).exists()
 
 
+# What a redriven task starts its new run with: every column that belongs to one run.
+# The history (``errors``: every earlier attempt's error, ``worker_ids``, ``started_at``)
+# is kept, as the admin shows it across runs.
+NEW_RUN = {
+    "status": TaskResultStatus.READY,
+    "attempt": 0,  # a fresh retry budget
+    "finished_at": None,
+    "dead_letter_reason": "",
+    "ordering_blocked": False,
+    "cancel_requested": False,
+    "lease_token": None,
+    "lease_expires_at": None,
+    # A breaker's held TTL counts from the first hold of this run: a task cancelled or
+    # dropped while held would otherwise be dropped again the moment it is claimed.
+    "held_since": None,
+}
+
+
 def redrive(database: str, task_id: str, now: datetime) -> bool:
-    """Give a dead-lettered task a fresh retry budget; it runs again from READY."""
+    """Start a new run of a dead-lettered task: READY now, with the state of a run reset
+    (``NEW_RUN``) and its history kept. Every redrive (API, admin, command) lands here."""
     return bool(
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED)
-        .update(
-            status=TaskResultStatus.READY,
-            attempt=0,
-            run_after=now,
-            finished_at=None,
-            dead_letter_reason="",
-            ordering_blocked=False,
-            cancel_requested=False,
-        )
+        .update(**NEW_RUN, run_after=now)
     )
 
 
