@@ -11,6 +11,7 @@ from .exceptions import (
     Abort,
     BreakerHeldTooLong,
     Cancelled,
+    CircuitNotFound,
     CorruptTaskRecord,
     DatabaseUnavailable,
     EnqueueRefused,
@@ -27,7 +28,9 @@ from .exceptions import (
     TaskNotRegistered,
     TasksPlusError,
     TaskTimeout,
+    TimeOutOfRange,
     TransactionLeaked,
+    UnknownBreaker,
     UnsupportedDatabase,
 )
 from .middleware import Hold
@@ -41,14 +44,17 @@ from .operations import (
     redrive,
 )
 from .retry import ExponentialBackoff, RetryPolicy, exponential_backoff, no_retry
+from .timebounds import HORIZON
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "HORIZON",
     "Abort",
     "Breaker",
     "BreakerHeldTooLong",
     "Cancelled",
+    "CircuitNotFound",
     "CorruptTaskRecord",
     "DatabaseUnavailable",
     "DroppedTask",
@@ -73,7 +79,9 @@ __all__ = [
     "TaskResultStatus",
     "TaskTimeout",
     "TasksPlusError",
+    "TimeOutOfRange",
     "TransactionLeaked",
+    "UnknownBreaker",
     "UnsupportedDatabase",
     "aenqueue_many",
     "cancel",

@@ -10,8 +10,21 @@ class TasksPlusConfig(AppConfig):
     def ready(self) -> None:
         # Importing compat loads the framework's signals and system checks, also on the
         # Django 5.2 backport when 'django_tasks' itself is not in INSTALLED_APPS.
-        from . import compat  # noqa: F401
+        from . import (
+            compat,  # noqa: F401
+            extensions,
+        )
+        from .checks import register_checks
+        from .circuits import breaker_middleware_for
         from .metrics import install
+        from .worker.heartbeat import worker_pruner_factory
+        from .worker.metrics_flusher import metrics_service_factory
 
+        # The app is the composition root: its own features plug into the engine here,
+        # as built-in entries of the registries (extensions.reset() keeps them).
+        extensions.task_middleware.register(breaker_middleware_for, builtin=True)
+        extensions.service_factories.register(metrics_service_factory, builtin=True)
+        extensions.service_factories.register(worker_pruner_factory, builtin=True)
+        register_checks()
         # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).
         install()

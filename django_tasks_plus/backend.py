@@ -39,6 +39,8 @@ from .exceptions import (
     QueueFull,
     TaskNotRegistered,
 )
+from .extensions import load_service_factories
+from .finished import send_task_finished
 from .lifecycle import error_record
 from .metadata import decode_metadata, run_keys
 from .results import clone_result, make_result, result_from_record, unreadable_record
@@ -77,6 +79,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
         self.queues = set(self.settings.queues)
         # Each task's enqueue middleware chain, by (path, its own entries): built once.
         self._enqueue_chains: dict[tuple[str, tuple[Any, ...]], EnqueueHandler] = {}
+        # Service factories the backend's task definitions asked for (``services=``),
+        # each once, in definition order: every worker of this backend runs them.
+        self.task_services: dict[int, Any] = {}
+        self._services_seen: set[tuple[Any, ...]] = set()
 
     # -- definition time ---------------------------------------------------------------
 
@@ -98,6 +104,18 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 raise InvalidTaskOptions(f"Queue {task.queue_name!r} is not valid: {problem}")
         if isinstance(task, Task):
             validate_task_options(task)
+            if task.services:
+                self._add_task_services(task)
+
+    def _add_task_services(self, task: Task) -> None:
+        try:
+            if task.services in self._services_seen:  # validated at every enqueue: once will do
+                return
+        except TypeError:  # an unhashable entry: not a factory, refused below
+            pass
+        for factory in load_service_factories(task.services, f"{task.module_path}: services"):
+            self.task_services.setdefault(id(factory), factory)
+        self._services_seen.add(task.services)
 
     def retry_policy_for(self, task: compat.Task) -> RetryPolicy:
         """The task's own policy, else the backend default."""
@@ -329,8 +347,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
             task_id = str(record.pk)
             if record.status == compat.TaskResultStatus.READY:
                 now = timezone.now()
+                cancelled = Cancelled("cancelled before it ran")
                 error = error_record(
-                    Cancelled("cancelled before it ran"),
+                    cancelled,
                     "",
                     attempt=record.attempt,
                     worker_id=None,
@@ -338,7 +357,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
                 )
                 if cancel_ready(database, task_id, error, now):
                     self._event_on_commit(events.TASK_CANCELLED, record)
-                    transaction.on_commit(partial(self._announce_final, task_id), using=database)
+                    transaction.on_commit(
+                        partial(self._announce_final, task_id, cancelled), using=database
+                    )
                     return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
             elif record.status == compat.TaskResultStatus.RUNNING:
                 if request_cancel(database, task_id):
@@ -387,12 +408,14 @@ class DatabaseBackend(compat.BaseTaskBackend):
             )
             transaction.on_commit(emit, using=self.settings.database)
 
-    def _announce_final(self, task_id: str) -> None:
+    def _announce_final(self, task_id: str, exception: BaseException) -> None:
+        """``task_finished`` for a task this backend ended (a cancel), with the exception
+        recorded as its error, as the worker sends it for a failed attempt."""
         try:
             result = self.get_result(task_id)
         except TaskNotRegistered:
             return
-        compat.task_finished.send(type(self), task_result=result)
+        send_task_finished(type(self), result, exception)
 
     # -- checks -------------------------------------------------------------------------
 

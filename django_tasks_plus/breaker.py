@@ -8,10 +8,10 @@ key is
 * **open**: tasks are held (not run, no attempt spent) until ``recovery_delay`` after the
   circuit opened; the first task claimed after that becomes the **probe** and the
   circuit is **half-open**;
-* **half-open**: only the probe runs; other tasks are held and look again every
-  ``release_interval``. The probe's success closes the circuit, its failure opens it
-  again; a probe that has not reported within ``recovery_delay`` (its worker died) is
-  stale, and the next task claimed becomes the probe instead.
+* **half-open**: only the probe runs; other tasks are held (parked) until the probe
+  would be stale. The probe's success closes the circuit and releases them, its
+  failure opens it again; a probe that has not reported within ``recovery_delay`` (its
+  worker died) is stale, and the next task claimed becomes the probe instead.
 
 A task held past ``held_ttl`` is dropped (dead-lettered) while the circuit is not closed.
 
@@ -22,7 +22,6 @@ and locks the stored circuit, asks these functions what to do, and writes the re
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -31,6 +30,7 @@ from typing import Any
 
 from .exceptions import Abort, Cancelled, InvalidTaskOptions, TaskDeferred
 from .limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
+from .timebounds import HORIZON, as_delay
 
 DEFAULT_FAILURE_THRESHOLD = 5
 DEFAULT_FAILURE_WINDOW = timedelta(minutes=5)
@@ -41,12 +41,22 @@ DEFAULT_RELEASE_INTERVAL = timedelta(seconds=1)
 # most this many, so a stored circuit stays small whatever the predicate wants.
 PREDICATE_RETENTION = timedelta(hours=1)
 MAX_REMEMBERED_FAILURES = 1000
-# A duration longer than this is almost always a unit mistake, and one near
-# ``timedelta.max`` would overflow the datetime arithmetic of ``decide``/``prune``.
-MAX_DURATION = timedelta(days=3650)
+# The longest duration: the bound on every time from user code (``timebounds``). One
+# near ``timedelta.max`` would also overflow the datetime arithmetic of ``decide``/``prune``.
+MAX_DURATION = HORIZON
 # Exceptions that say nothing about the remote host: the task decided (Abort), asked to
 # run later (TaskDeferred) or stopped on request (Cancelled). Not failures by default.
 NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred, Cancelled)
+
+
+# The names of the Breakers created in this process (at import of the task modules): an
+# operator opening a circuit by hand is warned about a name no task of theirs uses.
+_DECLARED_NAMES: set[str] = set()
+
+
+def declared_names() -> frozenset[str]:
+    """The names of every ``Breaker`` created in this process so far."""
+    return frozenset(_DECLARED_NAMES)
 
 
 class State(StrEnum):
@@ -73,23 +83,13 @@ class DroppedTask:
 
 
 def _duration(value: Any, name: str) -> timedelta:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise InvalidTaskOptions(f"Breaker {name} must be finite, got {value!r}.")
-        try:
-            value = timedelta(seconds=value)
-        except OverflowError:
-            raise InvalidTaskOptions(f"Breaker {name} is out of range, got {value!r}.") from None
-    if not isinstance(value, timedelta):
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise InvalidTaskOptions(
             f"Breaker {name} must be a timedelta or a number of seconds, got {value!r}."
         )
+    value = as_delay(value, f"Breaker {name}")  # TimeOutOfRange past the horizon
     if value <= timedelta(0):
         raise InvalidTaskOptions(f"Breaker {name} must be positive, got {value}.")
-    if value > MAX_DURATION:
-        raise InvalidTaskOptions(
-            f"Breaker {name} must be at most {MAX_DURATION.days} days, got {value}."
-        )
     return value
 
 
@@ -175,6 +175,7 @@ class Breaker:
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise InvalidTaskOptions(f"Breaker {hook} must be callable, got {value!r}.")
+        _DECLARED_NAMES.add(self.name)
 
     # -- typed views of the normalised fields ------------------------------------------
 
@@ -188,6 +189,7 @@ class Breaker:
 
     @property
     def recheck(self) -> timedelta:
+        """How long a closing probe waits at most for holds decided just before it."""
         return self.release_interval  # type: ignore[return-value]
 
     @property
@@ -322,10 +324,12 @@ def decide(
     started = circuit.probe_started_at
     if circuit.probe_task_id is None or started is None or now >= started + breaker.recovery:
         return Run(probe=True), _probing(circuit, task_id, now)
-    until = min(now + breaker.recheck, deadline)
+    # Held with the parked tasks, not for a release interval: a task held one by one
+    # would be claimed again every interval, each claim taking this row's lock, for as
+    # long as the probe runs. The probe's end releases the park, this task with it.
     stale_at = started + breaker.recovery
     reason = f"circuit half-open: waiting for probe {circuit.probe_task_id}"
-    return Wait(until, reason, stale_at), circuit
+    return Wait(min(stale_at, deadline), reason, stale_at), circuit
 
 
 def _probing(circuit: Circuit, task_id: str, now: datetime) -> Circuit:

@@ -1,8 +1,9 @@
 """Circuit breakers at work: the middleware that guards each call, and the operator API.
 
 ``@task(breaker=Breaker(...))`` puts ``breaker_middleware`` innermost in the task's
-middleware chain (``definition.task_middleware``); the engine knows nothing else about
-breakers. Around each attempt of a task whose call has a breaker key, the middleware
+middleware chain (``breaker_middleware_for``, registered in ``extensions.task_middleware``
+by ``AppConfig.ready``); the engine knows nothing else about breakers. Around each
+attempt of a task whose call has a breaker key, the middleware
 
 1. reads the key's circuit (no lock: a closed circuit costs one indexed read);
 2. when it is not closed, locks the row and asks ``breaker.decide``: run (maybe as the
@@ -10,7 +11,9 @@ breakers. Around each attempt of a task whose call has a breaker key, the middle
    other waiting tasks are held in the same way, in one statement), or drop
    (``BreakerHeldTooLong``, which dead-letters the task);
 3. after the call, records a counted failure, the probe's outcome, or a success that
-   clears remembered failures, under the row lock.
+   clears remembered failures, under the row lock; a probe that closes the circuit
+   releases the key's held tasks (and, once the holds decided just before the close
+   are written, releases again).
 
 State changes, probes, holds of many tasks, releases and drops are emitted as events and
 logged; ``on_state_change`` and ``on_drop`` run after the change is committed. A hook or
@@ -21,6 +24,7 @@ cannot be read is treated as closed and logged, and overwritten by the next chan
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -42,6 +46,7 @@ from .breaker import (
     check_key,
     check_name,
     decide,
+    declared_names,
     failures_text,
     force,
     parse_circuit,
@@ -52,10 +57,12 @@ from .breaker import (
     split_scoped_key,
 )
 from .db import breakers as store
-from .exceptions import BreakerHeldTooLong, InvalidBackendOptions
-from .middleware import Attempt, Handler, Hold
+from .exceptions import BreakerHeldTooLong, CircuitNotFound, InvalidBackendOptions, UnknownBreaker
+from .middleware import Attempt, Handler, Hold, Middleware
 
 logger = logging.getLogger("django_tasks_plus.breakers")
+# How often a closing probe looks whether the holds decided just before it are written.
+LATE_HOLD_POLL = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,12 @@ class _Key:
     @property
     def scoped(self) -> str:
         return scoped_key(self.name, self.key)
+
+
+def breaker_middleware_for(task: compat.Task) -> tuple[Middleware, ...]:
+    """What the breaker feature adds to a task's middleware (``extensions.task_middleware``,
+    registered by ``AppConfig.ready``): its breaker's, innermost, when it has one."""
+    return (breaker_middleware,) if getattr(task, "breaker", None) is not None else ()
 
 
 def breaker_middleware(call_next: Handler) -> Handler:
@@ -156,10 +169,15 @@ def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Wait
             breaker, current, now=now, task_id=attempt.id, held_since=attempt.held_since
         )
         park = None
+        parked = 0
         target = decision.park_until if isinstance(decision, Wait) else None
         if target is not None and (after.parked_until is None or after.parked_until < target):
             park = target
             after = replace(after, parked_until=park)
+            # Under the row lock: whoever sees ``parked_until`` next knows the key's waiting
+            # tasks are parked already. Parked after the commit, they could still be claimed
+            # (and held one by one) by workers whose holds went ahead meanwhile.
+            parked = store.park_tasks(where.database, where.backend, where.scoped, park, now)
         if after != current:
             _save(where, after, now)
     _announce(breaker, where, current, after, attempt.id)
@@ -171,7 +189,6 @@ def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Wait
             {**_labels(where), "task_id": attempt.id, "task_path": attempt.task_path},
         )
     if park is not None:
-        parked = store.park_tasks(where.database, where.backend, where.scoped, park, now)
         if parked:
             logger.info(
                 "Circuit breaker %s: %d waiting task(s) held until %s.",
@@ -266,15 +283,49 @@ def _record(breaker: Breaker, where: _Key, attempt: Attempt, outcome: str) -> No
         )
     _announce(breaker, where, current, after, attempt.id)
     if after.state is State.CLOSED and current.state is not State.CLOSED:
-        _release(where, now)
+        _release_on_close(breaker, where, now, attempt.id)
     elif current.probe_task_id is not None and after.probe_task_id is None:
         # The probe ended saying nothing about the host: the tasks parked until it would
         # have gone stale are due now, so that one of them probes at once.
         _release(where, now)
 
 
-def _release(where: _Key, now: datetime) -> int:
-    """The circuit closed: the tasks it held are due now."""
+def _release_on_close(breaker: Breaker, where: _Key, now: datetime, probe_id: str) -> None:
+    """The probe closed the circuit: release its held tasks, including the holds that
+    were decided before the close but are written after the release.
+
+    A task claimed while the probe ran is held until the probe would be stale; a worker
+    that decided so just before the close may write that hold after the release below,
+    and nothing else would release it before the park ends. Such an attempt is RUNNING
+    now (a hold is decided under the row lock, before the close), so: note the key's
+    running attempts first, release, wait for those to be written (at most
+    ``release_interval``), and release once more. A few statements per close, never one
+    per held task.
+    """
+    try:
+        leases = store.running_leases(where.database, where.backend, where.scoped, probe_id)
+    except DatabaseError:
+        leases = []
+    _release(where, now)
+    if not leases:
+        return
+    try:
+        deadline = time.monotonic() + breaker.recheck.total_seconds()
+        while time.monotonic() < deadline and store.still_running(where.database, leases):
+            time.sleep(LATE_HOLD_POLL)
+        _release(where, store.database_now(where.database), quiet=True)
+    except DatabaseError as exc:
+        logger.warning(
+            "Circuit breaker %s closed, but the holds written since could not be released "
+            "(%s); each runs when its hold ends.",
+            where.scoped,
+            exc,
+        )
+
+
+def _release(where: _Key, now: datetime, *, quiet: bool = False) -> int:
+    """The circuit closed: the tasks it held are due now. ``quiet``: announce only a
+    release that found tasks (a second look after the first)."""
     try:
         released = store.release_tasks(where.database, where.backend, where.scoped, now)
     except DatabaseError as exc:
@@ -287,6 +338,8 @@ def _release(where: _Key, now: datetime) -> int:
         return 0
     if released:
         logger.info("Circuit breaker %s: %d held task(s) released.", where.scoped, released)
+    elif quiet:
+        return 0
     events.emit(events.TASK_RELEASED, {"count": released}, _labels(where))
     return released
 
@@ -395,32 +448,89 @@ def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[Bre
 def force_close(
     key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
 ) -> int:
-    """Close a circuit now (its failures forgotten) and release the tasks it held; returns
-    how many were released. Hooks do not run: they belong to the workers' breakers.
-    Raises ``ValueError`` for a name or key no breaker could have."""
-    return _force(State.CLOSED, key, name, backend)
+    """Close a stored circuit now (its failures forgotten) and release the tasks it held;
+    returns how many were released. Hooks do not run: they belong to the workers' breakers.
+
+    Raises ``CircuitNotFound`` when no circuit of that name and key is stored (nothing
+    is written: a mistyped or missing name would otherwise leave the real circuit open),
+    listing the names the key has circuits under; ``ValueError`` for a name or key no
+    breaker could have.
+    """
+    where = _where(key, name, backend)
+    with transaction.atomic(using=where.database):
+        now = store.database_now(where.database)
+        columns = store.locked_existing_circuit(where.database, backend, where.name, where.key)
+        if columns is None:
+            raise _not_found(where)
+        current = _parse(where, columns)
+        after = force(State.CLOSED, now=now)
+        _save(where, after, now)
+    _announce(None, where, current, after, "operator")
+    return _release(where, now)
 
 
 def force_open(
-    key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
+    key: str,
+    *,
+    name: str = "default",
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    create: bool = False,
 ) -> None:
     """Open a circuit now: its tasks are held from their next claim on, and a probe runs
-    once the breaker's recovery delay has passed, as after failures."""
-    _force(State.OPEN, key, name, backend)
+    once the breaker's recovery delay has passed, as after failures.
+
+    A key with no stored circuit gets one, if its breaker name is in use: by a stored
+    circuit, a waiting task, or a ``Breaker`` created in this process. Any other name
+    raises ``UnknownBreaker`` (a typo would open a circuit no task consults) unless
+    ``create=True``. Raises ``ValueError`` for a name or key no breaker could have.
+    """
+    where = _where(key, name, backend)
+    if not create and not _known_name(where):
+        known = tuple(sorted(declared_names() | store.stored_names(where.database, backend)))
+        raise UnknownBreaker(
+            f"No breaker named {where.name!r} is in use in backend {backend!r}: no stored "
+            f"circuit, no waiting task and no Breaker loaded in this process has that name "
+            f"(names in use: {', '.join(known) or 'none'}). Pass create=True (manage.py "
+            "breakers open --create) to open it anyway.",
+            name=where.name,
+            known=known,
+        )
+    with transaction.atomic(using=where.database):
+        now = store.database_now(where.database)
+        columns = store.locked_circuit(where.database, backend, where.name, where.key, now)
+        current = _parse(where, columns)
+        after = force(State.OPEN, now=now)
+        _save(where, after, now)
+    _announce(None, where, current, after, "operator")
 
 
-def _force(state: State, key: str, name: str, backend: str) -> int:
+def _where(key: str, name: str, backend: str) -> _Key:
     check_name(name)
     checked = check_key(key, "A breaker key")  # raises ValueError, as check_name
     if checked is None:
         raise ValueError("A breaker key is required to force a circuit.")
-    where = _Key(_database(backend), backend, name, checked)
-    with transaction.atomic(using=where.database):
-        now = store.database_now(where.database)
-        current = _parse(where, store.locked_circuit(where.database, backend, name, key, now))
-        after = force(state, now=now)
-        _save(where, after, now)
-    _announce(None, where, current, after, "operator")
-    if state is State.CLOSED:
-        return _release(where, now)
-    return 0
+    return _Key(_database(backend), backend, name, checked)
+
+
+def _known_name(where: _Key) -> bool:
+    if where.name in declared_names():
+        return True
+    return store.name_in_use(where.database, where.backend, where.name)
+
+
+def _not_found(where: _Key) -> CircuitNotFound:
+    others = store.circuits_of_key(where.database, where.backend, where.key)
+    if others:
+        listed = ", ".join(f"{name} ({state})" for name, state in others)
+        hint = f"{where.key!r} has stored circuits under: {listed}; give that name."
+    else:
+        hint = (
+            f"no breaker has a stored circuit for {where.key!r}; a key that never failed is closed."
+        )
+    return CircuitNotFound(
+        f"No circuit {where.scoped!r} is stored in backend {where.backend!r}, so there is "
+        f"nothing to close: {hint}",
+        name=where.name,
+        key=where.key,
+        others=tuple(name for name, _state in others),
+    )

@@ -17,10 +17,12 @@ from django.utils.module_loading import import_string
 
 from .compat import DEFAULT_TASK_QUEUE_NAME
 from .doers import make_doer
-from .exceptions import InvalidBackendOptions, InvalidRetryPolicy
+from .exceptions import InvalidBackendOptions, InvalidRetryPolicy, TimeOutOfRange
+from .extensions import load_service_factories
 from .limits import QUEUE_NAME_MAX_LENGTH
 from .middleware import Middleware, load_middleware
 from .retry import RetryPolicy, exponential_backoff, no_retry, validate_policy
+from .timebounds import as_delay
 
 # Every OPTIONS key with its default, written only here: BackendSettings' field defaults
 # and the unknown-key check read this table. "RETRY": "default" means exponential_backoff().
@@ -46,6 +48,12 @@ _DEFAULTS: dict[str, Any] = {
     # Counters and histograms per queue and task path (docs/metrics.md); {} = the defaults
     # below, and a dict given sets only the keys it names.
     "METRICS": {},
+    # Worker services added by the project: factories (or dotted paths) called with the
+    # worker's ServiceContext (docs/worker.md#adding-a-service).
+    "SERVICES": (),
+    # Import every installed app's ``tasks`` module when a worker, ``manage.py check`` or
+    # an operator command starts, so every task (and its breaker, services) is known.
+    "AUTODISCOVER": True,
 }
 
 # Every OPTIONS["METRICS"] key with its default, written only here (as _DEFAULTS above).
@@ -102,6 +110,8 @@ class BackendSettings:
     middleware: tuple[Middleware, ...] = _DEFAULTS["MIDDLEWARE"]  # resolved factories
     enqueue_middleware: tuple[Any, ...] = _DEFAULTS["ENQUEUE_MIDDLEWARE"]  # resolved
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    services: tuple[Any, ...] = _DEFAULTS["SERVICES"]  # resolved factories
+    autodiscover: bool = _DEFAULTS["AUTODISCOVER"]
 
     def serves(self, queue: str) -> bool:
         """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
@@ -242,6 +252,9 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
     notify = merged["NOTIFY"]
     if not isinstance(notify, bool):
         raise _fail(alias, "NOTIFY", f"must be True or False, got {notify!r}.")
+    autodiscover = merged["AUTODISCOVER"]
+    if not isinstance(autodiscover, bool):
+        raise _fail(alias, "AUTODISCOVER", f"must be True or False, got {autodiscover!r}.")
 
     queue_doers, max_depths = _queues_config(alias, merged["QUEUES_CONFIG"], queues)
 
@@ -283,8 +296,17 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
             alias, merged["ENQUEUE_MIDDLEWARE"], key="ENQUEUE_MIDDLEWARE", handles="the envelope"
         ),
         metrics=metrics_settings(alias, merged["METRICS"]),
+        services=_services(alias, merged["SERVICES"]),
+        autodiscover=autodiscover,
         queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
+
+
+def _services(alias: str, value: Any) -> tuple[Any, ...]:
+    try:
+        return load_service_factories(value, f"TASKS[{alias!r}]['OPTIONS']['SERVICES']")
+    except ValueError as exc:
+        raise InvalidBackendOptions(str(exc)) from exc
 
 
 def _middleware(
@@ -342,8 +364,12 @@ def _duration(alias: str, key: str, value: Any) -> timedelta:
     if isinstance(value, timedelta):
         if value <= timedelta(0):
             raise _fail(alias, key, f"must be a positive duration, got {value}.")
-        return value
-    return timedelta(seconds=_positive_number(alias, key, value))
+    else:
+        value = _positive_number(alias, key, value)
+    try:
+        return as_delay(value, key)  # the one bound on times (``timebounds``)
+    except TimeOutOfRange as exc:
+        raise _fail(alias, key, str(exc).removeprefix(f"{key} ")) from exc
 
 
 def _queues_config(

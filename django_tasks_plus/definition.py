@@ -19,7 +19,7 @@ from typing import Any
 from django.apps import apps
 from django.utils import timezone
 
-from . import compat
+from . import compat, extensions
 from .breaker import Breaker, check_key, scoped_key
 from .exceptions import (
     InvalidRetryPolicy,
@@ -27,16 +27,15 @@ from .exceptions import (
     InvalidTaskOptions,
     TaskNotRegistered,
 )
+from .extensions import load_service_factories
 from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
 from .schema import PayloadSchema, bind_payload, check_schema_signature, compile_schema
+from .timebounds import as_delay, not_beyond_horizon
 
 ORDERING_FAILURES = ("continue", "block")
 DEDUP_SCOPES = ("ttl", "finished")
-# A run_after further ahead than this is almost always a unit mistake (milliseconds as
-# seconds, a year typo); refusing it beats a task that silently never runs.
-RUN_AFTER_HORIZON = timedelta(days=3650)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +56,8 @@ class Task(compat.Task):
       each enqueue, inside the backend's ``OPTIONS["ENQUEUE_MIDDLEWARE"]`` (``envelope.py``).
     * ``breaker``: a ``Breaker`` (``breaker.py``): tasks whose remote host keeps failing
       are held, not run, until a probe finds it back (``circuits.py``).
+    * ``services``: worker service factories (or dotted paths) this task needs; every
+      worker of its backend runs them (``worker/plugins.py``).
 
     Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
     ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
@@ -72,10 +73,11 @@ class Task(compat.Task):
     dedup_until: str = "ttl"
     middleware: tuple[Any, ...] = ()
     breaker: Breaker | None = None
+    services: tuple[Any, ...] = ()
     enqueue_middleware: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("middleware", "enqueue_middleware"):
+        for name in ("middleware", "services", "enqueue_middleware"):
             if isinstance(getattr(self, name), list):  # keep the definition hashable
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
@@ -137,11 +139,7 @@ def _check_run_after(task: Task) -> None:
     run_after = task.run_after
     if not isinstance(run_after, datetime) or run_after.tzinfo is None:
         return  # Django's own validation refuses naive datetimes first
-    if run_after - timezone.now() > RUN_AFTER_HORIZON:
-        raise InvalidTaskOptions(
-            f"{task.module_path}: run_after {run_after.isoformat()} is more than "
-            f"{RUN_AFTER_HORIZON.days} days ahead; a date that far is taken for a mistake."
-        )
+    not_beyond_horizon(run_after, f"{task.module_path}: run_after", now=timezone.now())
 
 
 def _short(value: Any) -> str:
@@ -167,6 +165,8 @@ def validate_task_options(task: Task) -> None:
             f"{task.module_path}: timeout must be a positive number of seconds or None, "
             f"got {timeout!r}."
         )
+    if timeout is not None:
+        as_delay(timeout, f"{task.module_path}: timeout")
     if task.ordering_failure not in ORDERING_FAILURES:
         raise InvalidTaskOptions(
             f"{task.module_path}: ordering_failure must be 'continue' or 'block', "
@@ -185,11 +185,18 @@ def validate_task_options(task: Task) -> None:
         raise InvalidTaskOptions(
             f"{task.module_path}: dedup_ttl must be a positive timedelta or seconds, got {ttl!r}."
         )
+    if ttl is not None:
+        as_delay(ttl, f"{task.module_path}: dedup_ttl")
     if task.schema is not None:
         compiled_schema(task)  # raises InvalidTaskOptions for an unusable schema
     if task.middleware != ():
         try:
             load_middleware(task.middleware, f"{task.module_path}: middleware")
+        except ValueError as exc:
+            raise InvalidTaskOptions(str(exc)) from exc
+    if task.services != ():
+        try:
+            load_service_factories(task.services, f"{task.module_path}: services")
         except ValueError as exc:
             raise InvalidTaskOptions(str(exc)) from exc
     if task.enqueue_middleware != ():
@@ -201,17 +208,14 @@ def validate_task_options(task: Task) -> None:
         )
 
 
-# The breaker's middleware, named rather than imported: it belongs to a later layer.
-BREAKER_MIDDLEWARE = "django_tasks_plus.circuits.breaker_middleware"
-
-
 def task_middleware(task: compat.Task) -> tuple[Any, ...]:
     """The task's own middleware entries, innermost last: its ``middleware=[...]``, then
-    its breaker's, which sits right around the call it judges (an outer middleware that
-    holds the task, a rate limiter, never takes the probe's turn)."""
+    what the features registered in ``extensions.task_middleware`` add for it (the
+    breaker's, for a task with ``breaker=``, sits right around the call it judges: an
+    outer middleware that holds the task, a rate limiter, never takes the probe's turn)."""
     own = tuple(getattr(task, "middleware", ()))
-    if getattr(task, "breaker", None) is not None:
-        own += (BREAKER_MIDDLEWARE,)
+    for provider in extensions.task_middleware.entries:
+        own += tuple(provider(task))
     return own
 
 
@@ -420,6 +424,7 @@ def task(
     ordering_failure: str | None = None,
     middleware: list[Any] | tuple[Any, ...] | None = None,
     breaker: Breaker | None = None,
+    services: list[Any] | tuple[Any, ...] | None = None,
     enqueue_middleware: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
@@ -440,6 +445,8 @@ def task(
         extra["middleware"] = middleware
     if breaker is not None:
         extra["breaker"] = breaker
+    if services is not None:
+        extra["services"] = services
     if enqueue_middleware is not None:
         extra["enqueue_middleware"] = enqueue_middleware
     # Django's task() hands keywords it does not know to the task class (ours).

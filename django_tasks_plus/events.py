@@ -16,6 +16,7 @@ unchanged; they are sent as Django documents them, not from here.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import warnings
@@ -125,25 +126,96 @@ class Event(NamedTuple):
 
 Handler = Callable[[Event], object]
 
-# name -> handlers. Replaced as a whole under the lock, never changed in place, so
-# emitting reads it without a lock; a name with no handler has no key.
-_handlers: dict[str, tuple[Handler, ...]] = {}
-_lock = threading.Lock()
+
+class EventBus:
+    """The app's event registry: the event names and who listens to each.
+
+    The engine's names are built in; a feature registers the names it emits
+    (``register_names``) before anyone may subscribe to them. ``handlers`` (name ->
+    handlers) is replaced as a whole under the lock, never changed in place, so emitting
+    reads it without a lock; a name with no handler has no key. ``reset()`` forgets every
+    subscriber and every feature's name (tests; ``metrics.install()`` subscribes the
+    aggregator again)."""
+
+    def __init__(self, builtin: frozenset[str]) -> None:
+        self.builtin = builtin
+        self.names: frozenset[str] = builtin
+        self.handlers: dict[str, tuple[Handler, ...]] = {}
+        self._lock = threading.Lock()
+
+    def register_names(self, *names: str) -> None:
+        """Let subscribers use ``names`` (a feature's events: ``"feature.what_happened"``).
+        Registering a name again changes nothing."""
+        for name in names:
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ValueError(
+                    f"An event name is lowercase words joined by '.' or '_', such as "
+                    f"'schedule.fired', got {name!r}."
+                )
+        with self._lock:
+            self.names = self.names | frozenset(names)
+
+    def checked(self, names: Sequence[str]) -> tuple[str, ...]:
+        if not names:
+            return tuple(sorted(self.names))
+        unknown = [name for name in names if name not in self.names]
+        if unknown:
+            raise ValueError(
+                f"Unknown event name(s) {', '.join(map(repr, unknown))}; use the constants in "
+                f"django_tasks_plus.events or a name a feature registered "
+                f"(events.register_names), one of: {', '.join(sorted(self.names))}."
+            )
+        return tuple(names)
+
+    def subscribe(self, handler: Handler, *names: str) -> Handler:
+        """Call ``handler(event)`` for each event named (every event when none is named).
+
+        Subscribing the same handler to a name twice has no further effect. Returns
+        ``handler``, so a bare ``@subscribe`` decorator subscribes a function to everything.
+        """
+        if not callable(handler):
+            raise TypeError(f"An event handler must be callable, got {handler!r}.")
+        wanted = self.checked(names)
+        with self._lock:
+            updated = dict(self.handlers)
+            for name in wanted:
+                current = updated.get(name, ())
+                if not any(_same(handler, h) for h in current):
+                    updated[name] = (*current, handler)
+            self.handlers = updated
+        return handler
+
+    def unsubscribe(self, handler: Handler, *names: str) -> None:
+        """Stop calling ``handler`` for the events named (for every event when none is)."""
+        wanted = self.checked(names)
+        with self._lock:
+            updated = dict(self.handlers)
+            for name in wanted:
+                remaining = tuple(h for h in updated.get(name, ()) if not _same(handler, h))
+                if remaining:
+                    updated[name] = remaining
+                else:
+                    updated.pop(name, None)
+            self.handlers = updated
+
+    def reset(self) -> None:
+        """No subscriber and only the built-in names (tests)."""
+        with self._lock:
+            self.handlers = {}
+            self.names = self.builtin
+
+
+_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
+
+bus = EventBus(NAMES)
+
+
+def register_names(*names: str) -> None:
+    """A feature's event names (``bus.register_names``)."""
+    bus.register_names(*names)
 
 
 # -- subscribing --------------------------------------------------------------------------
-
-
-def _checked(names: Sequence[str]) -> tuple[str, ...]:
-    if not names:
-        return tuple(sorted(NAMES))
-    unknown = [name for name in names if name not in NAMES]
-    if unknown:
-        raise ValueError(
-            f"Unknown event name(s) {', '.join(map(repr, unknown))}; use the constants in "
-            f"django_tasks_plus.events, one of: {', '.join(sorted(NAMES))}."
-        )
-    return tuple(names)
 
 
 def _same(a: Handler, b: Handler) -> bool:
@@ -163,38 +235,15 @@ def _method_of(bound: Handler) -> object:
 
 
 def subscribe(handler: Handler, *names: str) -> Handler:
-    """Call ``handler(event)`` for each event named (every event when none is named).
-
-    Subscribing the same handler to a name twice has no further effect. Returns
-    ``handler``, so a bare ``@subscribe`` decorator subscribes a function to everything.
-    """
-    global _handlers
-    if not callable(handler):
-        raise TypeError(f"An event handler must be callable, got {handler!r}.")
-    wanted = _checked(names)
-    with _lock:
-        updated = dict(_handlers)
-        for name in wanted:
-            current = updated.get(name, ())
-            if not any(_same(handler, h) for h in current):
-                updated[name] = (*current, handler)
-        _handlers = updated
-    return handler
+    """``bus.subscribe``: call ``handler(event)`` for each event named (every event when
+    none is named); returns ``handler``, so a bare ``@subscribe`` decorates a function."""
+    return bus.subscribe(handler, *names)
 
 
 def unsubscribe(handler: Handler, *names: str) -> None:
-    """Stop calling ``handler`` for the events named (for every event when none is)."""
-    global _handlers
-    wanted = _checked(names)
-    with _lock:
-        updated = dict(_handlers)
-        for name in wanted:
-            remaining = tuple(h for h in updated.get(name, ()) if not _same(handler, h))
-            if remaining:
-                updated[name] = remaining
-            else:
-                updated.pop(name, None)
-        _handlers = updated
+    """``bus.unsubscribe``: stop calling ``handler`` for the events named (every event
+    when none is)."""
+    bus.unsubscribe(handler, *names)
 
 
 @contextmanager
@@ -209,15 +258,15 @@ def subscribed(handler: Handler, *names: str) -> Iterator[Handler]:
 
 def listened(name: str) -> bool:
     """Whether anyone subscribed to ``name``: check it before building anything costly."""
-    return name in _handlers
+    return name in bus.handlers
 
 
 def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]) -> None:
     """Deliver one event to its subscribers, in subscription order; never raises.
 
-    The helpers below call this; the reserved events' emitters will too.
+    The helpers below call this, and so do the features for the names they registered.
     """
-    handlers = _handlers.get(name)
+    handlers = bus.handlers.get(name)
     if not handlers:
         return
     event = Event(name, measurements, labels, time.time())
@@ -233,7 +282,7 @@ def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]
 
 def emit_enqueued(backend: str, results: Sequence[TaskResult]) -> None:
     """One event per enqueue call, after commit; ``count`` is the number of rows."""
-    if TASK_ENQUEUED not in _handlers or not results:
+    if TASK_ENQUEUED not in bus.handlers or not results:
         return
     task = results[0].task
     emit(
@@ -282,7 +331,7 @@ def emit_claimed(
     backend: str, worker_id: str, queues: Sequence[str], count: int, limit: int, seconds: float
 ) -> None:
     """One claim statement returned ``count`` tasks (asked for ``limit``) in ``seconds``."""
-    if TASKS_CLAIMED not in _handlers:
+    if TASKS_CLAIMED not in bus.handlers:
         return
     emit(
         TASKS_CLAIMED,
@@ -303,7 +352,7 @@ def _task_labels(claimed: ClaimedTask) -> dict[str, Any]:
 
 def emit_started(claimed: ClaimedTask, started: datetime) -> None:
     """About to call the task function; ``queue_time`` is how long it waited once due."""
-    if TASK_STARTED not in _handlers:
+    if TASK_STARTED not in bus.handlers:
         return
     labels = _task_labels(claimed)
     labels["priority"] = claimed.priority
@@ -328,16 +377,16 @@ def emit_outcome(
 
     Called on the worker's outcome-writer thread, so it never raises.
     """
-    if not _handlers:  # the common case, decided before anything else
+    if not bus.handlers:  # the common case, decided before anything else
         return
     try:
         if outcome.status == TaskResultStatus.SUCCESSFUL:
-            if TASK_SUCCEEDED in _handlers:
+            if TASK_SUCCEEDED in bus.handlers:
                 emit(TASK_SUCCEEDED, _attempt_numbers(claimed, run_time), _task_labels(claimed))
             return
         if outcome.error is None:
             if outcome.held_because is not None:
-                if TASK_HELD in _handlers:
+                if TASK_HELD in bus.handlers:
                     run_after = outcome.values.get("run_after")
                     emit(
                         TASK_HELD,
@@ -349,7 +398,7 @@ def emit_outcome(
                         },
                     )
                 return
-            if TASK_DEFERRED in _handlers and outcome.status == TaskResultStatus.READY:
+            if TASK_DEFERRED in bus.handlers and outcome.status == TaskResultStatus.READY:
                 run_after = outcome.values.get("run_after")
                 emit(
                     TASK_DEFERRED,
@@ -369,7 +418,7 @@ def _emit_failure(
     clock: Callable[[], datetime],
 ) -> None:
     """``task.attempt_failed``, then what became of the task."""
-    if _FAILURE_NAMES.isdisjoint(_handlers):
+    if _FAILURE_NAMES.isdisjoint(bus.handlers):
         return
     error = outcome.error or {}
     labels = {**_task_labels(claimed), "exception": error.get("exception_class_path")}
@@ -408,7 +457,7 @@ def _delay(run_after: Any, clock: Callable[[], datetime]) -> dict[str, float]:
 
 def emit_lease_lost(worker_id: str, tasks: Sequence[ClaimedTask]) -> None:
     """This worker's leases on ``tasks`` were taken over; one event per task."""
-    if TASK_LEASE_LOST not in _handlers:
+    if TASK_LEASE_LOST not in bus.handlers:
         return
     for claimed in tasks:
         emit(
@@ -422,7 +471,7 @@ def emit_reaped(claimed: ClaimedTask, outcome: Transition, now: datetime) -> Non
     """An expired lease was settled: ``task.reaped``, then the attempt's outcome events
     (its ``worker_id`` is the worker that stopped renewing the lease)."""
     try:
-        if TASK_REAPED in _handlers:
+        if TASK_REAPED in bus.handlers:
             emit(
                 TASK_REAPED,
                 {"attempt": claimed.attempt},

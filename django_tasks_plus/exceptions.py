@@ -9,7 +9,7 @@ errors about values that cannot be stored from ``TypeError``, so code written ag
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -28,6 +28,22 @@ class InvalidBackendOptions(TasksPlusError, ImproperlyConfigured):
 
 class InvalidTaskOptions(TasksPlusError, InvalidTask):
     """A task definition or a ``using()`` override has a bad option."""
+
+
+class TimeOutOfRange(InvalidTaskOptions, ValueError):
+    """A time or a duration given to the queue lies further ahead than its horizon.
+
+    One bound (``timebounds.HORIZON``, ten years) applies to every time that comes from
+    user code, checked where the value is created: ``run_after`` at enqueue, a
+    ``TaskDeferred``, a middleware's ``Hold``, a retry policy's delay, a breaker's
+    durations, a ``dedup_ttl``, a ``timeout``. ``field`` names what was refused and
+    ``value`` is the value as given. Also a ``ValueError``: it is a bad argument.
+    """
+
+    def __init__(self, message: str, *, field: str, value: object) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
 
 
 class InvalidTaskArguments(TasksPlusError, InvalidTask, TypeError):
@@ -139,7 +155,8 @@ class ReturnValueNotSerializable(TasksPlusError, TypeError):
 class TaskDeferred(TasksPlusError):
     """Raise from a task to run it again later without spending an attempt.
 
-    Give either ``delay`` (a ``timedelta`` or seconds) or ``run_after`` (an aware datetime).
+    Give either ``delay`` (a ``timedelta`` or seconds) or ``run_after`` (an aware datetime),
+    at most ``timebounds.HORIZON`` ahead (``TimeOutOfRange`` otherwise).
     """
 
     retryable = True
@@ -151,17 +168,28 @@ class TaskDeferred(TasksPlusError):
         delay: timedelta | float | None = None,
         run_after: datetime | None = None,
     ) -> None:
+        # Imported here: timebounds raises the errors this module defines.
+        from .timebounds import as_delay, not_beyond_horizon
+
         if (delay is None) == (run_after is None):
             raise TypeError("TaskDeferred needs exactly one of delay= or run_after=.")
-        if delay is not None and not isinstance(delay, timedelta):
-            delay = timedelta(seconds=delay)
-        if delay is not None and delay < timedelta(0):
-            raise ValueError(f"TaskDeferred delay must not be negative, got {delay}.")
-        if run_after is not None and run_after.tzinfo is None:
-            raise ValueError("TaskDeferred run_after must be an aware datetime.")
+        if delay is not None:
+            delay = as_delay(delay, "TaskDeferred delay")
+            if delay < timedelta(0):
+                raise ValueError(f"TaskDeferred delay must not be negative, got {delay}.")
+        if run_after is not None:
+            if not isinstance(run_after, datetime) or run_after.tzinfo is None:
+                raise ValueError("TaskDeferred run_after must be an aware datetime.")
+            run_after = not_beyond_horizon(run_after, "TaskDeferred run_after", now=_now())
         super().__init__(message or "task deferred")
         self.delay = delay
         self.run_after = run_after
+
+
+def _now() -> datetime:
+    # The host's clock: the worker checks the time again by the database's when it
+    # writes the deferral (``lifecycle.deferred_until``).
+    return datetime.now(UTC)
 
 
 class TransactionLeaked(TasksPlusError):
@@ -191,10 +219,34 @@ class BreakerHeldTooLong(Abort):
     host is back)."""
 
 
+class CircuitNotFound(TasksPlusError, LookupError):
+    """``force_close()`` named a circuit (breaker name and key) that is not stored: closing
+    it would change nothing, and the circuit meant (under another name) would stay open.
+    ``others`` lists the names the key has stored circuits under."""
+
+    def __init__(self, message: str, *, name: str, key: str, others: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.key = key
+        self.others = others
+
+
+class UnknownBreaker(TasksPlusError, LookupError):
+    """``force_open()`` named a breaker nothing uses (no stored circuit, no waiting task,
+    no ``Breaker`` in this process): a typo would open a circuit no task ever consults.
+    Pass ``create=True`` to open it anyway. ``known`` lists the names in use."""
+
+    def __init__(self, message: str, *, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.known = known
+
+
 __all__ = [
     "Abort",
     "BreakerHeldTooLong",
     "Cancelled",
+    "CircuitNotFound",
     "CorruptTaskRecord",
     "DatabaseUnavailable",
     "InvalidBackendOptions",
@@ -210,6 +262,8 @@ __all__ = [
     "TaskNotRegistered",
     "TaskTimeout",
     "TasksPlusError",
+    "TimeOutOfRange",
     "TransactionLeaked",
+    "UnknownBreaker",
     "UnsupportedDatabase",
 ]

@@ -16,8 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .compat import TaskResultStatus
-from .exceptions import Cancelled, InvalidRetryPolicy, OutcomeNotStorable
+from .exceptions import Cancelled, InvalidRetryPolicy, OutcomeNotStorable, TimeOutOfRange
 from .retry import RetryPolicy, next_delay
+from .timebounds import later, not_beyond_horizon
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ def _decide(
     )
     try:
         delay = next_delay(policy, task.attempt, now - task.enqueued_at, event.exception)
-    except InvalidRetryPolicy as exc:
+    except (InvalidRetryPolicy, TimeOutOfRange) as exc:
         return _dead(
             task, error, f"retry policy failed: {describe(exc)}", now, block=block_ordering
         )
@@ -311,8 +312,21 @@ def unstorable_outcome(
     return _dead(task, error, describe(exc), now, block=blocked)
 
 
-def deferred_until(now: datetime, delay: timedelta | None, run_after: datetime | None) -> datetime:
-    """When a ``TaskDeferred`` asks to run again."""
+def deferred_until(
+    now: datetime,
+    delay: timedelta | None,
+    run_after: datetime | None,
+    *,
+    source: tuple[str, str] = ("TaskDeferred delay", "TaskDeferred run_after"),
+) -> datetime:
+    """When a ``TaskDeferred`` (or a ``Hold``) asks to run again, by the worker's clock.
+
+    Both check their time when created (by the host's clock); this checks it again by
+    ``now``, so whatever reaches the row is within ``timebounds.HORIZON``. Raises
+    ``TimeOutOfRange`` otherwise, naming the delay's or the time's field in ``source``:
+    the caller fails that attempt.
+    """
+    delay_field, run_after_field = source
     if run_after is not None:
-        return run_after
-    return now + (delay or timedelta(0))
+        return not_beyond_horizon(run_after, run_after_field, now=now)
+    return later(now, delay or timedelta(0), delay_field)

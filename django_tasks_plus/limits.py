@@ -28,3 +28,7 @@ METADATA_KEY_MAX_LENGTH = 100
 METADATA_MAX_BYTES = 64 * 1024
 """A task's encoded metadata, in bytes of UTF-8 JSON: features keep small per-call data
 there (ids, a trace context), never payloads."""
+
+METRIC_NAME_MAX_LENGTH = 200
+"""A stored metric's name (``MetricRecord.name``): a counter, bucket or sum, plus a
+feature counter's own labels (``schedule_fired{schedule=nightly}``)."""

@@ -44,12 +44,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
+
+from .timebounds import as_delay, not_beyond_horizon
 
 if TYPE_CHECKING:
     from . import compat
@@ -89,6 +91,7 @@ class Hold:
     The task goes back to READY, due at ``until`` (or ``delay`` from now, on the
     database's clock), its attempt count unchanged, and the worker logs ``reason``. The
     coming circuit breaker and rate limiter answer with a ``Hold`` while they refuse.
+    Either lies at most ``timebounds.HORIZON`` ahead (``TimeOutOfRange`` otherwise).
     """
 
     until: datetime | None = None
@@ -104,17 +107,20 @@ class Hold:
     ) -> None:
         if (until is None) == (delay is None):
             raise TypeError("Hold needs exactly one of until= or delay=.")
-        if until is not None and (not isinstance(until, datetime) or until.tzinfo is None):
-            raise ValueError(f"Hold until must be an aware datetime, got {until!r}.")
+        if until is not None:
+            if not isinstance(until, datetime) or until.tzinfo is None:
+                raise ValueError(f"Hold until must be an aware datetime, got {until!r}.")
+            until = not_beyond_horizon(until, "Hold until", now=datetime.now(UTC))
         if delay is not None:
             if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
                 raise TypeError(f"Hold delay must be a timedelta or seconds, got {delay!r}.")
-            if not isinstance(delay, timedelta):
-                delay = timedelta(seconds=delay)
+            delay = as_delay(delay, "Hold delay")
             if delay < timedelta(0):
                 raise ValueError(f"Hold delay must not be negative, got {delay}.")
         if not isinstance(reason, str):
             raise TypeError(f"Hold reason must be a string, got {reason!r}.")
+        # A plain str: the worker's log and events format it on their own threads.
+        reason = str.__str__(reason)
         object.__setattr__(self, "until", until)
         object.__setattr__(self, "delay", delay)
         object.__setattr__(self, "reason", reason)

@@ -16,6 +16,7 @@ from .compat import TaskResultStatus
 from .limits import (
     BREAKER_NAME_MAX_LENGTH,
     KEY_MAX_LENGTH,
+    METRIC_NAME_MAX_LENGTH,
     QUEUE_NAME_MAX_LENGTH,
     TASK_PATH_MAX_LENGTH,
     WORKER_ID_MAX_LENGTH,
@@ -184,8 +185,19 @@ class DedupKey(models.Model):
         return self.key
 
 
+# The visibility timeout of a worker row written before workers stored their own (the
+# default of OPTIONS["VISIBILITY_TIMEOUT"]).
+DEFAULT_WORKER_VISIBILITY_TIMEOUT = 60.0
+
+
 class WorkerRecord(models.Model):
-    """A running ``runtasks`` process, kept alive by its heartbeat."""
+    """A running ``runtasks`` process, kept alive by its heartbeat.
+
+    ``visibility_timeout`` is the worker's own (``--visibility-timeout`` may differ from
+    the backend's and from other workers'): it beats every third of it, so its silence is
+    judged by it (alive or stale, and when the leader may delete the row). A worker whose
+    row was deleted all the same inserts it again on its next heartbeat.
+    """
 
     worker_id = models.CharField(_("worker id"), max_length=WORKER_ID_MAX_LENGTH, primary_key=True)
     backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
@@ -195,6 +207,12 @@ class WorkerRecord(models.Model):
     concurrency = models.PositiveIntegerField(_("concurrency"))
     started_at = models.DateTimeField(_("started at"))
     last_heartbeat_at = models.DateTimeField(_("last heartbeat at"))
+    visibility_timeout = models.FloatField(
+        _("visibility timeout"),
+        default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
+        db_default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
+        help_text=_("Seconds; the worker's heartbeat comes every third of it."),
+    )
 
     class Meta:
         verbose_name = _("worker")
@@ -277,7 +295,7 @@ class MetricRecord(models.Model):
     minute = models.DateTimeField(_("minute"))
     queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
     task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
-    name = models.CharField(_("metric"), max_length=40)
+    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
     value = models.BigIntegerField(_("value"), default=0)
 
     class Meta:
@@ -293,3 +311,26 @@ class MetricRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.queue_name} {self.task_path} {self.name}"
+
+
+class MetricFlush(models.Model):
+    """One metrics flush that landed, by its idempotency key (``metrics/aggregate.py``).
+
+    Written in the same transaction as the flush's counts, so a flush retried after an
+    error whose outcome is unknown (a lost COMMIT acknowledgement) finds its key and adds
+    nothing twice. The leader prunes keys with the per-minute metrics (``RETENTION_DAYS``).
+    """
+
+    id = models.UUIDField(_("flush key"), primary_key=True)
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    flushed_at = models.DateTimeField(_("flushed at"))
+
+    class Meta:
+        verbose_name = _("metrics flush")
+        verbose_name_plural = _("metrics flushes")
+        indexes = [
+            models.Index(fields=["backend_name", "flushed_at"], name="dtp_metric_flush_age_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.backend_name} {self.id}"

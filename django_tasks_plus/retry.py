@@ -6,8 +6,9 @@ A policy is any callable ``policy(attempt, elapsed, exc) -> timedelta | None``:
 * ``elapsed`` is the time since the task was first enqueued,
 * ``exc`` is the exception it raised.
 
-Returning a ``timedelta`` schedules the next attempt that far in the future; returning
-``None`` dead-letters the task. No I/O happens here, so policies are tested without a
+Returning a ``timedelta`` schedules the next attempt that far in the future (at most
+``timebounds.HORIZON``: a longer one raises ``TimeOutOfRange`` and dead-letters the task);
+returning ``None`` dead-letters the task. No I/O happens here, so policies are tested without a
 database and the worker can call them under any lock.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from .exceptions import InvalidRetryPolicy
+from .timebounds import as_delay
 
 RetryPolicy = Callable[[int, timedelta, BaseException], "timedelta | None"]
 
@@ -27,7 +29,7 @@ RetryPolicy = Callable[[int, timedelta, BaseException], "timedelta | None"]
 def _as_timedelta(name: str, value: timedelta | float) -> timedelta:
     if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise InvalidRetryPolicy(f"{name} must be a timedelta or seconds, got {value!r}.")
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    delta = as_delay(value, name)  # TimeOutOfRange past the horizon
     if delta < timedelta(0):
         raise InvalidRetryPolicy(f"{name} must not be negative, got {delta}.")
     return delta
@@ -142,8 +144,7 @@ def next_delay(
         raise InvalidRetryPolicy(
             f"retry policy {policy!r} returned {delay!r}; expected a timedelta or None."
         )
-    if not isinstance(delay, timedelta):
-        delay = timedelta(seconds=delay)
+    delay = as_delay(delay, f"the delay returned by retry policy {policy!r}")
     if delay < timedelta(0):
         raise InvalidRetryPolicy(f"retry policy {policy!r} returned a negative delay ({delay}).")
     return delay

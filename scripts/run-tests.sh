@@ -8,19 +8,25 @@
 #   - turn the knobs below into `tox -e ENV -- PYTEST_ARGS`, and summarise the runs.
 #
 #   combo     tox environments                          Python
-#   django61  py312-django61-sqlite, -postgres          3.12
+#   django61  py312-django61-sqlite, -postgres, -pgpool 3.12
 #   django52  py311-django52-sqlite, -postgres          3.11
+#
+# pgpool runs the worker and fault tests on PostgreSQL behind Django's connection pool
+# (a selection, see tox.ini); Django 6.1 only.
 #
 # Environment knobs:
 #   TEST_COMBOS      combinations to run, default "django61 django52"
-#   TEST_DBS         databases, default "sqlite postgres"
+#   TEST_DBS         databases, default "sqlite postgres pgpool"
 #   PYTEST_ARGS      extra pytest arguments (shell-quoted), e.g. PYTEST_ARGS='-x -k "retry"'
 #   DATABASE_URL     a postgres:// URL naming the server for the PostgreSQL runs (its
-#                    database name is replaced by each environment's own, test_django61 or
-#                    test_django52); otherwise postgres://127.0.0.1:5432 is used when it
+#                    database name is replaced by each environment's own: test_django61,
+#                    test_django52, test_django61pool); otherwise postgres://127.0.0.1:5432 is used when it
 #                    accepts connections (user: PGUSER or the login name)
 #   PYTHON_DJANGO61, PYTHON_DJANGO52
 #                    interpreter to use for that combination (skips the search)
+#   DTP_TEST_DB_PREFIX  a prefix for the PostgreSQL test databases' names (alice_ →
+#                    alice_test_test_django61), so that two checkouts can test against
+#                    one server; tox passes it on (passenv DTP_*)
 #   REQUIRE_POSTGRES=1  an unreachable PostgreSQL is an error rather than a skip
 #   ALLOW_NO_TESTS=1    a run that collects no tests (pytest exit 5) counts as passed
 #   CI=true          a combination whose Python cannot be found is an error
@@ -32,7 +38,7 @@ cd "$DTP_ROOT" || exit 1
 
 ALL_COMBOS="django61 django52"
 read -r -a COMBOS <<<"${TEST_COMBOS:-$ALL_COMBOS}"
-read -r -a DBS <<<"${TEST_DBS:-sqlite postgres}"
+read -r -a DBS <<<"${TEST_DBS:-sqlite postgres pgpool}"
 # PYTEST_ARGS is the user's own shell-quoted text; eval keeps its quoting.
 eval "EXTRA_ARGS=(${PYTEST_ARGS:-})"
 LOG_DIR="$DTP_ROOT/.test-logs"
@@ -61,9 +67,9 @@ for combo in "${COMBOS[@]}"; do
 done
 for db in "${DBS[@]}"; do
     case $db in
-    sqlite | postgres) ;;
+    sqlite | postgres | pgpool) ;;
     *)
-        echo "Unknown database '$db' in TEST_DBS (known: sqlite postgres)" >&2
+        echo "Unknown database '$db' in TEST_DBS (known: sqlite postgres pgpool)" >&2
         exit 2
         ;;
     esac
@@ -91,6 +97,9 @@ tox_prefix() {
     django52) echo py311-django52 ;;
     esac
 }
+
+# Whether tox.ini has an environment for combination $1 on database $2 (pgpool: 6.1 only).
+has_env() { [[ $2 != pgpool || $1 == django61 ]]; }
 
 # Set PYTHON to the interpreter for combination $1; fail if there is none. The tox
 # environment name fixes the Python version (py312, py311).
@@ -139,7 +148,7 @@ redact_url() { sed -E 's#(://[^:/@]*):[^@/]*@#\1:***@#' <<<"$1"; }
 # credentials, host, port) + its own database name + PG_URL_QUERY.
 PG_OK=0
 want_postgres=0
-for db in "${DBS[@]}"; do [[ $db == postgres ]] && want_postgres=1; done
+for db in "${DBS[@]}"; do [[ $db == postgres || $db == pgpool ]] && want_postgres=1; done
 if ((want_postgres)); then
     url_re='^((postgres|postgresql|pgsql|psql|postgis)://[^/?]*)(/[^?]*)?(\?.*)?$'
     if [[ ${DATABASE_URL:-} =~ $url_re ]]; then
@@ -253,7 +262,7 @@ for combo in "${COMBOS[@]}"; do
             result=SKIP
         fi
         for db in "${DBS[@]}"; do
-            PLAN+=("$prefix-$db|$result|no suitable Python found")
+            has_env "$combo" "$db" && PLAN+=("$prefix-$db|$result|no suitable Python found")
         done
         continue
     fi
@@ -263,7 +272,8 @@ for combo in "${COMBOS[@]}"; do
     bindir=$(dirname -- "$PYTHON")
     [[ ${PATH%%:*} == "$bindir" ]] || PATH="$bindir:$PATH"
     for db in "${DBS[@]}"; do
-        if [[ $db == postgres ]] && ((!PG_OK)); then
+        has_env "$combo" "$db" || continue
+        if [[ $db != sqlite ]] && ((!PG_OK)); then
             if [[ ${REQUIRE_POSTGRES:-} == 1 ]]; then
                 PLAN+=("$prefix-$db|FAIL|PostgreSQL not reachable (REQUIRE_POSTGRES=1)")
             else

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -78,11 +78,12 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
     """Start ``runtasks ARGS`` in the background; every process is killed at teardown."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(*args: str) -> subprocess.Popen[str]:
+    def start(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """``env``: variables set for this worker only, over ``worker_env()``."""
         log = open(tmp_path / f"worker-{len(started)}.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(
             runtasks_command(*args),
-            env=worker_env(tmp_path),
+            env={**worker_env(tmp_path), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
@@ -140,6 +141,17 @@ def admin_client_for(
 
 def worker_log(tmp_path: Path, index: int = 0) -> str:
     return (tmp_path / f"worker-{index}.log").read_text()
+
+
+# Django's default hasher (PBKDF2) spends ~0.3 s on each test user's password; the tests
+# never need a strong hash. Test runs only: the settings module stays as the demo uses it.
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -107,3 +107,18 @@ def refuses(call_next: Handler) -> Handler:
         raise RuntimeError(f"middleware refused attempt {attempt.number}")
 
     return middleware
+
+
+def holds_past_the_horizon(call_next: Handler) -> Handler:
+    """Holds its task further ahead than any database can give back: ``until`` in year
+    10000 by UTC (late 9999-12-31 at UTC-5), or a ``delay`` reaching 9999-12-31."""
+
+    def middleware(attempt: Attempt) -> Any:
+        (how,) = attempt.args
+        if how == "until":
+            late = dt.datetime(9999, 12, 31, 23, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5)))
+            return Hold(until=late, reason="far ahead")
+        last = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+        return Hold(delay=last - timezone.now(), reason="for ever")
+
+    return middleware

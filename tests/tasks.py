@@ -308,6 +308,93 @@ def leaks_autocommit_off(n: int) -> int:
     return n
 
 
+# -- connections under faults (tests/test_task_connections.py) ----------------------------
+
+
+@task(retry=exponential_backoff(max_attempts=1), timeout=0.02, priority=10)
+def times_out_in_atomic() -> None:
+    """Enters and leaves empty atomic blocks until its timeout: the TaskTimeout lands in
+    Django's transaction bookkeeping as often as not."""
+    from django.db import transaction
+
+    while True:
+        with transaction.atomic():
+            pass
+
+
+@task(retry=exponential_backoff(max_attempts=1))
+def leaks_driver_transaction(n: int) -> int:
+    """A raw BEGIN: Django's flags stay at "autocommit, no transaction" while the driver
+    has one open (the state a timeout inside atomic() can leave)."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute(f"INSERT INTO {LEDGER_TABLE} (n, pid) VALUES (%s, %s)", [n, os.getpid()])
+    return n
+
+
+RECEIPTS_TABLE = "dtp_test_receipts"
+
+
+def _touch(name: str) -> None:
+    marker = _marker(name)
+    if marker is not None:
+        marker.touch()
+
+
+def _wait_for_marker(name: str, seconds: float = 30) -> None:
+    marker = _marker(name)
+    deadline = time.monotonic() + seconds
+    while marker is not None and not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@task(takes_context=True)
+def gated(context, gate: str) -> str:  # type: ignore[no-untyped-def]
+    """Waits (up to 30 s) for the marker ``gate``; its task_finished writes a receipt."""
+    task_id = context.task_result.id
+    _touch(f"waiting-{task_id}")
+    _wait_for_marker(gate)
+    _touch(f"done-{task_id}")
+    return gate
+
+
+@task(takes_context=True)
+def gated_pausing_receiver(context, gate: str) -> str:  # type: ignore[no-untyped-def]
+    """As ``gated``; its receipt receiver then pauses until the marker ``resume``."""
+    return gated.func(context, gate)
+
+
+def _write_receipt(sender, task_result, **kwargs):  # type: ignore[no-untyped-def]
+    """Writes one receipt row per finished gated task, on the task thread's connection,
+    and logs whether it could (``receipts.log``): what a receiver that writes does."""
+    path = getattr(task_result.task, "module_path", "")
+    if path not in (gated.module_path, gated_pausing_receiver.module_path):
+        return
+    log = _marker("receipts.log")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {RECEIPTS_TABLE} (task_id, backend_pid) "
+                "VALUES (%s, pg_backend_pid()) RETURNING backend_pid",
+                [str(task_result.id)],
+            )
+            (backend_pid,) = cursor.fetchone()
+    except Exception as exc:
+        if log is not None:
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(f"failed {task_result.id} {type(exc).__name__}\n")
+        raise
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"wrote {task_result.id} {backend_pid}\n")
+    if path == gated_pausing_receiver.module_path:
+        _touch(f"paused-{backend_pid}")
+        _wait_for_marker("resume")
+
+
+task_finished.connect(_write_receipt, dispatch_uid="dtp-tests-receipts")
+
+
 class UnprintableError(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no message for you")
@@ -538,12 +625,35 @@ def call_parked_host(host: str, n: int, seconds: float = 0.0) -> int:
         name="probe",
         failure_threshold=3,
         failure_window=60,
-        recovery_delay=2,
+        recovery_delay=30,  # a probe on a slow machine must not go stale
         release_interval=0.2,
         failures=(ConnectionError,),
     ),
 )
 def call_probed_host(host: str, n: int, seconds: float = 0.0) -> int:
+    return _call_host(host, n, seconds)
+
+
+@task(
+    retry=BREAKER_RETRY,
+    breaker=Breaker(
+        key=_named_host,
+        name="halfopen",
+        failure_threshold=3,
+        failure_window=60,
+        recovery_delay=60,
+        release_interval=0.05,
+        failures=(ConnectionError,),
+    ),
+)
+def call_slow_host(host: str, n: int, seconds: float = 0.0) -> int:
+    """Waits until the marker ``up-<host>`` exists (at most a minute), then calls: the
+    half-open circuit's probe stays live for as long as a test wants. Its release
+    interval is short, so that a task held one by one would be claimed again often."""
+    up = _marker(f"up-{host}")
+    deadline = time.monotonic() + 60
+    while up is not None and not up.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     return _call_host(host, n, seconds)
 
 
@@ -571,7 +681,7 @@ def _drop_hook_raises(key: str, dropped: DroppedTask) -> None:
         name="ttl",
         failure_threshold=1,
         failure_window=60,
-        recovery_delay=2,
+        recovery_delay=60,  # no probe: the held tasks are dropped first, however slow
         held_ttl=1,
         release_interval=0.2,
         failures=(ConnectionError,),
@@ -596,6 +706,87 @@ def fails_until_redriven(n: int) -> int:
         marker.touch()
         raise RuntimeError(f"upstream refused order {n}; redrive me once it is back")
     return n
+
+
+@task(retry=NO_WAIT)
+def session_timeouts(until_marker: str | None = None, seconds: float = 60) -> list[list[str]]:
+    """The distinct (statement_timeout, lock_timeout) of the sessions this thread got.
+
+    One read; or, with ``until_marker``, reads until that marker exists, closing the
+    connection between them: behind a connection pool each read then takes the pool's
+    next idle session, so every session the pool hands out meanwhile is looked at."""
+    seen: set[tuple[str, str]] = set()
+    deadline = time.monotonic() + seconds
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+            )
+            seen.add(tuple(cursor.fetchone()))
+        marker = _marker(until_marker) if until_marker else None
+        if marker is None or marker.exists() or time.monotonic() > deadline:
+            return sorted(list(pair) for pair in seen)
+        connection.close()
+        time.sleep(0.005)
+
+
+@task(retry=NO_WAIT)
+def sleeps_in_database(seconds: float) -> float:
+    """One statement that runs ``seconds`` on the database: longer than the worker's
+    own statement timeout, which must not apply to it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [seconds])
+    return seconds
+
+
+# -- times beyond the horizon (tests/test_time_bounds.py) ---------------------------------
+
+LAST_MOMENT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+ONCE = exponential_backoff(max_attempts=1)
+
+
+def _count_run(name: str) -> None:
+    marker = _marker(f"runs-{name}")
+    if marker is not None:
+        with open(marker, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()}\n")
+
+
+@task(retry=ONCE)
+def defers_to_the_last_moment() -> None:
+    """Defers to 9999-12-31 23:59:59.999999 UTC: far past the horizon."""
+    _count_run("defers-to-the-last-moment")
+    raise TaskDeferred(run_after=LAST_MOMENT)
+
+
+@task(retry=ONCE)
+def defers_for_ever() -> None:
+    _count_run("defers-for-ever")
+    raise TaskDeferred(delay=dt.timedelta.max)
+
+
+@task(middleware=["tests.middlewares.holds_past_the_horizon"], retry=ONCE)
+def held_past_the_horizon(how: str) -> None:
+    _count_run(f"held-past-the-horizon-{how}")
+
+
+class UnprintableTime(dt.datetime):
+    """A time whose text cannot be made: formatting it for a log line raises."""
+
+    def strftime(self, fmt: str) -> str:
+        raise RuntimeError("no text for this time")
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        raise RuntimeError("no text for this time")
+
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("no text for this time")
+
+
+@task(retry=ONCE)
+def defers_to_an_unprintable_time() -> None:
+    _count_run("defers-to-an-unprintable-time")
+    raise TaskDeferred(run_after=UnprintableTime.fromtimestamp(time.time() + 3600, dt.UTC))
 
 
 from tests import tenancy  # noqa: E402

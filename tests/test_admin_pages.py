@@ -321,7 +321,7 @@ def test_list_filters_narrow_the_list(admin_client):
     assert "Failed (3)" in facets
     assert "emails (1)" in facets and "default (2)" in facets
     bad = admin_client.get(url("taskrecord_changelist") + "?enqueued_from=yesterday")
-    assert bad.status_code == 302 and "e=1" in bad["Location"]
+    assert bad.status_code == 400 and "is not a time" in bad.content.decode()
     for column in range(1, 9):  # every column sorts
         assert admin_client.get(url("taskrecord_changelist") + f"?o={column}").status_code == 200
 

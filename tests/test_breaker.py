@@ -615,14 +615,16 @@ def test_half_open_the_probe_reclaimed_stays_the_probe():
     assert after.probe_started_at == later
 
 
-def test_half_open_another_task_waits_a_release_interval_and_parks_the_others():
+def test_half_open_another_task_joins_the_park_until_the_probe_would_be_stale():
+    """Held one by one for a release interval, it would be claimed (and take the circuit
+    row's lock) again every interval for as long as the probe runs."""
     guard = breaker(recovery_delay=timedelta(minutes=30), release_interval=2)
     circuit = half_open("p1", NOW)
     now = NOW + MINUTE
     decision, after = decide(guard, circuit, now=now, task_id="t2", held_since=None)
     assert isinstance(decision, Wait)
-    assert decision.until == now + 2 * SECOND
-    assert decision.park_until == NOW + timedelta(minutes=30)  # when the probe would be stale
+    stale_at = NOW + timedelta(minutes=30)
+    assert decision.until == decision.park_until == stale_at
     assert "p1" in decision.reason
     assert after == circuit
 
@@ -948,7 +950,8 @@ def test_a_full_walk_closed_open_held_probe_fail_open_probe_succeed_closed():
     assert decision == Run(probe=True)
     assert circuit.state is State.HALF_OPEN
     decision, circuit = decide(guard, circuit, now=clock, task_id="h", held_since=held_since)
-    assert decision == Wait(clock + SECOND, decision.reason, clock + timedelta(minutes=10))
+    stale_at = clock + timedelta(minutes=10)
+    assert decision == Wait(stale_at, decision.reason, stale_at)  # joins the park
 
     # The probe fails: open again from now.
     clock += 5 * SECOND

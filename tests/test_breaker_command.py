@@ -16,7 +16,14 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from django_tasks_plus import InvalidBackendOptions, compat
+from django_tasks_plus import (
+    Breaker,
+    CircuitNotFound,
+    InvalidBackendOptions,
+    UnknownBreaker,
+    compat,
+    task,
+)
 from django_tasks_plus.circuits import BreakerStatus, breaker_states, force_close, force_open
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import BreakerRecord, TaskRecord
@@ -24,6 +31,22 @@ from django_tasks_plus.models import BreakerRecord, TaskRecord
 pytestmark = pytest.mark.django_db
 
 HOST = "inbox.example.com"
+
+
+# The breakers the operator names below, declared as a project's task modules would: a
+# name no stored circuit, waiting task or loaded Breaker uses is refused by force_open.
+@task(breaker=Breaker(key=lambda host: host))
+def ping(host: str) -> None: ...
+
+
+@task(breaker=Breaker(key=lambda host: host, name="webhooks"))
+def call_webhook(host: str) -> None: ...
+
+
+@task(breaker=Breaker(key=lambda host: host, name="payments"))
+def pay(host: str) -> None: ...
+
+
 JSON_FIELDS = {
     "name",
     "key",
@@ -166,9 +189,78 @@ def test_close_with_a_name_and_json():
     assert BreakerRecord.objects.get(name="webhooks", key=HOST).state == "closed"
 
 
-def test_close_of_an_unknown_key_stores_a_closed_circuit():
-    assert "0 held task(s) released" in breakers("close", HOST)
-    assert [status.state for status in breaker_states()] == ["closed"]
+@pytest.mark.parametrize("name", [{}, {"name": "webhook"}], ids=["no --name", "a typo"])
+def test_close_of_a_circuit_not_stored_is_refused_naming_the_keys_circuits(name):
+    """The circuit is stored under 'webhooks': closing default/KEY (or webhook/KEY) would
+    create a phantom closed circuit, report success and leave the real one open."""
+    force_open(HOST, name="webhooks")
+    held = held_task(f"webhooks/{HOST}")
+    with pytest.raises(CommandError) as caught:
+        breakers("close", HOST, **name)
+    message = str(caught.value)
+    assert "has stored circuits under: webhooks (open); give that name" in message
+    assert [(s.name, s.key, s.state) for s in breaker_states()] == [("webhooks", HOST, "open")]
+    before = held.run_after
+    held.refresh_from_db()
+    assert held.run_after == before  # nothing released
+
+
+def test_close_of_a_key_with_no_circuit_at_all_is_refused():
+    with pytest.raises(CommandError, match="no breaker has a stored circuit for"):
+        breakers("close", HOST)
+    assert not BreakerRecord.objects.exists()
+
+
+def test_api_force_close_of_a_circuit_not_stored_raises_a_typed_error():
+    force_open(HOST, name="webhooks")
+    force_open(HOST, name="payments")
+    with pytest.raises(CircuitNotFound) as caught:
+        force_close(HOST)
+    assert isinstance(caught.value, LookupError)
+    assert (caught.value.name, caught.value.key) == ("default", HOST)
+    assert caught.value.others == ("payments", "webhooks")
+    assert not BreakerRecord.objects.filter(name="default").exists()
+
+
+def test_open_under_a_name_nothing_uses_is_refused_unless_asked_for():
+    with pytest.raises(CommandError) as caught:
+        breakers("open", HOST, name="webhoks")
+    message = str(caught.value)
+    assert "No breaker named 'webhoks' is in use" in message
+    assert "webhooks" in message and "--create" in message
+    assert not BreakerRecord.objects.exists()
+
+    output = breakers("open", HOST, name="webhoks", create=True)
+    assert "Circuit webhoks/inbox.example.com opened" in output
+    assert [(s.name, s.state) for s in breaker_states()] == [("webhoks", "open")]
+    # Now a stored circuit uses the name: another key of it opens without --create.
+    breakers("open", "other.example", name="webhoks")
+
+
+def test_api_force_open_of_an_unknown_name_raises_a_typed_error_unless_create():
+    with pytest.raises(UnknownBreaker) as caught:
+        force_open(HOST, name="nobody")
+    assert isinstance(caught.value, LookupError)
+    assert caught.value.name == "nobody"
+    assert {"default", "webhooks", "payments"} <= set(caught.value.known)
+    assert not BreakerRecord.objects.exists()
+    force_open(HOST, name="nobody", create=True)
+    assert BreakerRecord.objects.get(name="nobody").state == "open"
+
+
+def test_open_under_a_name_only_waiting_tasks_use_is_allowed():
+    """Tasks enqueued under a breaker since renamed wait under the old name: an operator
+    may open that name's circuits, though no loaded Breaker has it any more."""
+    held_task("renamed/pay.example.com", held_since=None)
+    force_open("pay.example.com", name="renamed")
+    assert BreakerRecord.objects.get(name="renamed").state == "open"
+
+
+def test_create_is_only_for_open():
+    force_open(HOST)
+    with pytest.raises(CommandError, match="--create applies to breakers open only"):
+        breakers("close", HOST, create=True)
+    assert BreakerRecord.objects.get(key=HOST).state == "open"
 
 
 def test_open_creates_and_opens_the_row():

@@ -8,14 +8,30 @@ transactions of its own and skips recording inside a transaction a task left ope
 
 from __future__ import annotations
 
+import io
 import logging
+import threading
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
-from django_tasks_plus import Abort, Breaker, BreakerHeldTooLong, Hold, events, task
+from django_tasks_plus import (
+    Abort,
+    Breaker,
+    BreakerHeldTooLong,
+    Hold,
+    cancel,
+    events,
+    redrive,
+    task,
+)
 from django_tasks_plus.breaker import State, failures_text
 from django_tasks_plus.circuits import (
     breaker_middleware,
@@ -27,6 +43,7 @@ from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.exceptions import Cancelled
 from django_tasks_plus.middleware import Attempt
 from django_tasks_plus.models import BreakerRecord, TaskRecord
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,6 +75,13 @@ GUARD = Breaker(
 
 @task(breaker=GUARD)
 def deliver(url: str) -> str:
+    return url
+
+
+# The same circuits, with a release interval long enough that a closing probe waits for
+# a late hold however slow the machine is (it stops waiting once the hold is written).
+@task(breaker=replace(GUARD, release_interval=300))
+def deliver_patiently(url: str) -> str:
     return url
 
 
@@ -172,6 +196,103 @@ def test_the_probes_success_closes_the_circuit_and_releases_the_held_tasks():
     assert state_changes == [(HOST, "half-open", "closed")]
     [status] = breaker_states()
     assert status.held == 0  # released: due now, no longer held back
+
+
+def test_a_hold_written_after_the_probe_closed_the_circuit_is_released_too():
+    """Another worker decided to hold a task (until the probe would be stale) just before
+    the probe succeeded, and writes that hold only after the release: the closing probe
+    waits for that attempt to be written and releases it as well."""
+    half_open()
+    late = waiting_task(held=False)
+    TaskRecord.objects.filter(pk=late.pk).update(
+        status=TaskResultStatus.RUNNING, lease_token="late-hold"
+    )
+    stale_at = timezone.now() + timedelta(seconds=60)
+
+    def other_worker_writes_its_hold() -> None:
+        try:
+            wait_for(lambda: circuit().state == "closed", timeout=30)
+            TaskRecord.objects.filter(pk=late.pk, lease_token="late-hold").update(
+                status=TaskResultStatus.READY,
+                lease_token=None,
+                run_after=stale_at,
+                held_since=timezone.now(),
+            )
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=other_worker_writes_its_hold)
+    writer.start()
+    try:
+        patient = Attempt(**{**_fields(attempt("probe-1")), "task": deliver_patiently})
+        assert run(lambda _attempt: "delivered", patient) == "delivered"
+    finally:
+        writer.join()
+    late.refresh_from_db()
+    assert late.status == TaskResultStatus.READY
+    assert late.run_after <= timezone.now()  # released, not left parked until stale_at
+
+
+def _one_probe(waiting: int) -> tuple[int, int]:
+    """One probe of a circuit with ``waiting`` tasks, as a worker claiming 4 at once runs
+    it: the first probes; while it runs, its 3 batch-mates are held (their holds written
+    as the worker writes them); then it succeeds. Returns the statements it took, and how
+    many tasks of the key were due before the probe would have gone stale."""
+    TaskRecord.objects.all().delete()
+    BreakerRecord.objects.all().delete()
+    now = timezone.now()
+    BreakerRecord.objects.create(
+        backend_name="default",
+        name="inboxes",
+        key=HOST,
+        state="open",
+        failures="[]",
+        opened_at=now - timedelta(hours=1),
+        updated_at=now,
+    )
+    rows = [waiting_task(held=False, due_in=-1) for _ in range(waiting)]
+    batch = rows[:4]
+    TaskRecord.objects.filter(pk__in=[row.pk for row in batch]).update(
+        status=TaskResultStatus.RUNNING, lease_token="claimed"
+    )
+    due_early: list[int] = []
+
+    def probe(_attempt: Attempt) -> str:
+        for mate in batch[1:]:
+            hold = run(lambda _a: pytest.fail("held"), attempt(str(mate.pk)))
+            assert isinstance(hold, Hold)
+            TaskRecord.objects.filter(pk=mate.pk).update(
+                status=TaskResultStatus.READY,
+                lease_token=None,
+                run_after=hold.until,
+                held_since=timezone.now(),
+            )
+        stale_at = circuit().probe_started_at + timedelta(seconds=60)
+        due_early.append(
+            TaskRecord.objects.filter(status=TaskResultStatus.READY, run_after__lt=stale_at).count()
+        )
+        TaskRecord.objects.filter(pk=batch[0].pk).update(lease_token="probing")
+        return "delivered"
+
+    with CaptureQueriesContext(connection) as queries:
+        assert run(probe, attempt(str(batch[0].pk))) == "delivered"
+    assert circuit().state == "closed"
+    breaker_statements = [
+        query["sql"]
+        for query in queries.captured_queries
+        if "breakerrecord" in query["sql"] or "taskrecord" in query["sql"]
+    ]
+    return len(breaker_statements), due_early[0]
+
+
+def test_a_probe_takes_the_same_statements_whatever_the_number_of_waiting_tasks():
+    """Held tasks join the park: while the probe runs, none of the key's tasks is due (so
+    none is claimed again, each claim taking the circuit's lock and writing), and the
+    probe costs the same statements with 10 or 30 tasks waiting."""
+    few, due_with_few = _one_probe(10)
+    many, due_with_many = _one_probe(30)
+    assert (due_with_few, due_with_many) == (0, 0)
+    assert few == many
 
 
 @pytest.mark.parametrize("exc", [Abort("bad payload"), Cancelled("stop"), KeyError("x")], ids=type)
@@ -305,3 +426,73 @@ def test_an_outcome_is_not_recorded_inside_a_transaction_the_task_left_open(capl
         leaked.__exit__(None, None, None)
     assert "left a transaction open" in caplog.text
     assert not BreakerRecord.objects.exists()
+
+
+# -- redrive starts a new run (a held task cancelled, or dropped, then redriven) -------------
+
+
+def _redrive_by_api(task_id: str, _client: Any) -> None:
+    assert redrive(task_id) is True
+
+
+def _redrive_by_command(task_id: str, _client: Any) -> None:
+    call_command("redrivetasks", task_id, stdout=io.StringIO())
+
+
+def _redrive_in_the_admin(task_id: str, client: Any) -> None:
+    response = client.post(
+        reverse("admin:django_tasks_plus_taskrecord_changelist"),
+        {"action": "redrive_tasks", "_selected_action": [task_id], "index": 0},
+        follow=True,
+    )
+    assert "1 task redriven." in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "redrive_by", [_redrive_by_api, _redrive_by_command, _redrive_in_the_admin], ids=str
+)
+def test_a_held_task_cancelled_then_redriven_is_held_again_not_dropped(redrive_by, admin_client):
+    """It was first held two hours ago, longer than the held TTL (an hour): the new run's
+    wait starts with its first hold, so the task is held, not dropped at its first claim.
+    The cancel error stays in its history; the state of the cancelled run does not."""
+    force_open(HOST, name="inboxes")
+    row = waiting_task()
+    TaskRecord.objects.filter(pk=row.pk).update(
+        held_since=timezone.now() - timedelta(hours=2), attempt=3, worker_ids=["w-1"]
+    )
+    assert cancel(str(row.pk)).outcome == "cancelled"
+    # A row cancelled before the fix kept these; whatever the path, redrive resets them.
+    TaskRecord.objects.filter(pk=row.pk).update(
+        held_since=timezone.now() - timedelta(hours=2),
+        lease_token="stale-token",
+        lease_expires_at=timezone.now() - timedelta(hours=1),
+    )
+
+    redrive_by(str(row.pk), admin_client)
+
+    row.refresh_from_db()
+    assert row.status == TaskResultStatus.READY
+    assert (row.held_since, row.attempt, row.lease_token, row.lease_expires_at) == (
+        None,
+        0,
+        None,
+        None,
+    )
+    assert (row.finished_at, row.dead_letter_reason, row.cancel_requested) == (None, "", False)
+    assert [error["exception_class_path"] for error in row.errors] == [
+        "django_tasks_plus.exceptions.Cancelled"
+    ]
+    assert row.worker_ids == ["w-1"]  # history kept
+    answer = run(
+        lambda _attempt: pytest.fail("the circuit is open"),
+        attempt(str(row.pk), held_since=row.held_since),
+    )
+    assert isinstance(answer, Hold)
+    assert drops == []
+
+
+def test_cancelling_a_held_task_ends_its_hold():
+    row = waiting_task()
+    assert cancel(str(row.pk)).outcome == "cancelled"
+    row.refresh_from_db()
+    assert (row.status, row.held_since) == (TaskResultStatus.FAILED, None)

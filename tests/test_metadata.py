@@ -353,11 +353,11 @@ def test_adding_the_metadata_column_does_not_rewrite_the_table():
 
     tasks.add.enqueue(1, 2)
     before_file = _table_file()
-    call_command("migrate", "django_tasks_plus", "0008", verbosity=0)
+    call_command("migrate", "django_tasks_plus", "0011", verbosity=0)
     try:
         assert not _has_metadata_column()
         dropped_file = _table_file()
-        call_command("migrate", "django_tasks_plus", "0009", verbosity=0)
+        call_command("migrate", "django_tasks_plus", "0012", verbosity=0)
         assert _has_metadata_column()
         assert _table_file() == dropped_file
         assert list(TaskRecord.objects.values_list("metadata", flat=True)) == [{}]

@@ -248,14 +248,16 @@ def test_leader_election_threads_are_per_worker_and_stop_with_it():
     config = WorkerConfig.from_settings("default", burst=True, concurrency=1)
     worker = Worker(config)
     names = [service.name for service in worker.services.services]
-    # The metrics flusher comes first so that it stops last (docs/metrics.md).
-    assert names[:4] == [
+    # The plugged-in services come first so that they stop last: the metrics flusher's
+    # final flush follows the reporter's last batch (docs/metrics.md).
+    assert names[:5] == [
         "tasks-metrics-flusher",
         "tasks-metrics-pruner",
+        "tasks-worker-pruner",
         "tasks-reporter",
         "tasks-heartbeat",
     ]
-    assert names[-2:] == ["tasks-worker-pruner", "tasks-leadership"]
+    assert names[-1] == "tasks-leadership"
     assert worker.run() == 0
     assert not any(t.name == "tasks-leadership" for t in threading.enumerate())
     assert not any(t.name == "tasks-metrics-flusher" for t in threading.enumerate())

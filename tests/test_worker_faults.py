@@ -8,6 +8,7 @@ and an in-process burst run that must leave no session open behind it.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -204,7 +205,11 @@ def test_a_worker_whose_clock_runs_ahead_schedules_retries_by_the_database_clock
     result = tasks.fails_with_backoff.enqueue()
     proc = _skewed_worker(tmp_path, 90, "--burst", "--worker-id", "fast-clock")
     assert proc.returncode == 0, proc.stderr
-    assert "clock is 90" in proc.stderr  # the worker says what it noticed
+    # The worker says what it noticed: about 90 s (the measured offset loses part of a
+    # round trip, so a loaded machine may print 89.9).
+    noticed = re.search(r"clock is (\d+\.\d) s ahead of", proc.stderr)
+    assert noticed is not None, proc.stderr
+    assert 89 <= float(noticed.group(1)) <= 91
     row = _row(result)
     assert row.status == TaskResultStatus.READY
     due_in = (row.run_after - timezone.now()).total_seconds()
@@ -347,7 +352,10 @@ def test_an_in_process_burst_run_leaves_no_session_open(transactional_db):
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         (others,) = cursor.fetchone()
-    assert others == 0
+    # Behind Django's connection pool the task threads' sessions went back to the pool,
+    # which keeps them open: those, and only those, remain (all but this test's own).
+    pool = connection.pool if connection.settings_dict["OPTIONS"].get("pool") else None
+    assert others == (pool.get_stats()["pool_size"] - 1 if pool else 0)
 
 
 # -- one rule for ordering_failure="block" --------------------------------------------------

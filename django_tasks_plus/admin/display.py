@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
 from ..durations import duration
+from ..liveness import is_stale as is_stale  # the workers page's rule (re-exported)
 
 FINISHED = ("SUCCESSFUL", "FAILED")
 
@@ -198,12 +199,6 @@ def uncounted_errors(errors: Sequence[Mapping[str, Any]]) -> list[Mapping[str, A
     """Error entries that are not attempts (a cancellation before the task ran, a
     corrupt column kept as it was): shown apart, below the attempts."""
     return [error for error in errors if not counts_as_attempt(error)]
-
-
-def is_stale(last_heartbeat: datetime, now: datetime, visibility_timeout: float) -> bool:
-    """A worker beats every third of the visibility timeout; silent for a whole timeout
-    (three missed beats) it is presumed dead, the moment its leases start to expire too."""
-    return now - last_heartbeat > timedelta(seconds=visibility_timeout)
 
 
 def short_id(value: object) -> str:

@@ -10,18 +10,17 @@ nothing; the filtered list then uses whatever index the condition allows.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, time
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import get_last_value_from_parameters
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
-from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.translation import gettext_lazy as _
 
 from .. import compat
+from ..selection import BadFilter, Parameter, id_prefix, parse_moment
 
 PAGE_VAR = "p"
 
@@ -130,20 +129,6 @@ class WorkerFilter(TextInputFilter):
         )
 
 
-def parse_moment(value: str, *, end: bool) -> datetime | None:
-    """``2026-11-30``, ``2026-11-30T14:05`` or ``2026-11-30 14:05:09`` in the current time
-    zone; a bare date ends at the end of that day when ``end``."""
-    moment = parse_datetime(value.replace(" ", "T", 1)) if ("T" in value or " " in value) else None
-    if moment is None:
-        day = parse_date(value)
-        if day is None:
-            return None
-        moment = datetime.combine(day, time.max if end else time.min)
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment)
-    return moment
-
-
 class DateRangeFilter(TextInputFilter):
     """``from`` (inclusive) and ``to`` (inclusive; a bare date means the whole day)."""
 
@@ -162,13 +147,8 @@ class DateRangeFilter(TextInputFilter):
                 continue
             try:
                 moment = parse_moment(text, end=end)
-            except ValueError:
-                moment = None
-            if moment is None:
-                raise admin.options.IncorrectLookupParameters(
-                    f"{name}={text!r} is not a date or date and time (use 2026-11-30 or "
-                    "2026-11-30T14:05)."
-                )
+            except BadFilter as exc:  # the pages check first (task_list_parameters)
+                raise admin.options.IncorrectLookupParameters(f"{name}: {exc}") from exc
             conditions &= Q(**{f"{self.field}__{lookup}": moment})
         return queryset.filter(conditions)
 
@@ -222,7 +202,9 @@ class BackendFilter(ChoicesFilter):
     column = "backend_name"
 
     def has_output(self) -> bool:
-        return len(self.lookup_choices) > 1
+        # Django applies only the filters it shows: with one backend configured, a
+        # ``?backend_name=`` in the URL must still filter (and show that it does).
+        return len(self.lookup_choices) > 1 or self.value() is not None
 
 
 class QueueFilter(ChoicesFilter):
@@ -241,3 +223,40 @@ class QueueFilter(ChoicesFilter):
         if value:
             names.add(value)
         return [(name, name) for name in sorted(names)]
+
+
+# -- the query parameters of the task lists ---------------------------------------------------
+
+# Parameters that choose no rows: paging, ordering, facets, Django's error flag, popups.
+NOT_FILTERS = frozenset({PAGE_VAR, "o", "_facets", "e", "all", "_popup", "_to_field"})
+_STATUSES = tuple(str(status) for status in compat.TaskResultStatus)
+
+
+def _text(value: str) -> str:
+    return value
+
+
+def _status(value: str) -> str:
+    if value not in _STATUSES:
+        raise BadFilter(f"{value!r} is not a status: use one of {', '.join(_STATUSES)}.")
+    return value
+
+
+def _search(value: str) -> str:
+    return id_prefix(value)
+
+
+def task_list_parameters(*, dead_letters: bool) -> list[Parameter]:
+    """What the task list (or the dead letters and their "all matching" pages) can
+    apply: each filter's parameters, read as the filter reads them, and the search."""
+    found = [] if dead_letters else [Parameter("status__exact", _status)]
+    found += [Parameter(name, _text) for name in ("queue_name", "backend_name")]
+    for spec in (TaskPathFilter, OrderingKeyFilter, DedupKeyFilter, BreakerKeyFilter):
+        found += [Parameter(name, _text) for name, _label, _kind in spec.inputs]
+    found += [Parameter(name, _text) for name, _label, _kind in WorkerFilter.inputs]
+    for dates in (EnqueuedFilter, FinishedFilter):
+        (start, *_), (end, *_) = dates.inputs
+        found.append(Parameter(start, partial(parse_moment, end=False)))
+        found.append(Parameter(end, partial(parse_moment, end=True)))
+    found.append(Parameter("q", _search))
+    return found

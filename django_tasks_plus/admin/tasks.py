@@ -27,11 +27,13 @@ from django.views.decorators.http import require_POST
 from ..breaker import split_scoped_key
 from ..compat import TaskResultStatus
 from ..models import BreakerRecord, TaskRecord
+from ..selection import BadFilter, check_parameters, id_prefix, with_id_prefix
 from ..stored import error_list
 from . import actions as ops
 from . import display, html, overview
 from .base import ReadOnlyAdmin
 from .filters import (
+    NOT_FILTERS,
     BackendFilter,
     BreakerKeyFilter,
     DedupKeyFilter,
@@ -41,6 +43,7 @@ from .filters import (
     QueueFilter,
     TaskPathFilter,
     WorkerFilter,
+    task_list_parameters,
 )
 from .paginator import EstimatedCountPaginator
 from .queries import blocker_of, same_ordering_key
@@ -48,8 +51,7 @@ from .queries import blocker_of, same_ordering_key
 _JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids", "metadata")
 DEAD_LETTERS = "django_tasks_plus_taskrecord_deadletters"
 CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
-# Query parameters that are not filters (page, ordering, facets, error flag).
-NOT_FILTERS = {"p", "o", "_facets", "e", "all", "q"}
+BAD_FILTER_TEMPLATE = "admin/django_tasks_plus/taskrecord/bad_filter.html"
 
 
 def _errors(record: TaskRecord) -> tuple[Any, ...]:
@@ -73,7 +75,7 @@ def describe_filter(params: dict[str, list[str]]) -> str:
     shown = [
         f"{name}={value}"
         for name, values in sorted(params.items())
-        if name not in NOT_FILTERS
+        if name not in NOT_FILTERS and name != "q"
         for value in values
         if value != ""
     ]
@@ -107,7 +109,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         BackendFilter,
     )
     search_fields = ("=id",)
-    search_help_text = _("A task's full id.")
+    search_help_text = _("A task's id: whole, or its first 8 or more characters.")
     ordering = ("-enqueued_at",)
     list_per_page = 50
     paginator = EstimatedCountPaginator
@@ -146,9 +148,47 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     def get_ordering(self, request: HttpRequest) -> Any:
         return ("-finished_at",) if _is_dead_view(request) else self.ordering
 
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[TaskRecord], search_term: str
+    ) -> tuple[QuerySet[TaskRecord], bool]:
+        """A whole id or a short one (the list's first 8 characters): one range of the
+        primary key, as the commands resolve short ids (``selection.with_id_prefix``)."""
+        if not search_term.strip():
+            return queryset, False
+        try:
+            return with_id_prefix(queryset, id_prefix(search_term)), False
+        except BadFilter:  # the pages check the search first; match nothing, never all
+            return queryset.none(), False
+
+    def filter_problems(self, request: HttpRequest) -> list[BadFilter]:
+        """Why the current list's query cannot be applied as given (none: it can)."""
+        return check_parameters(
+            request.GET.lists(),
+            task_list_parameters(dead_letters=_is_dead_view(request)),
+            ignored=NOT_FILTERS,
+        )
+
+    def bad_filter_response(
+        self, request: HttpRequest, problems: list[BadFilter], back_url: str
+    ) -> HttpResponse:
+        """The page for a query the list cannot apply: what is wrong, and no rows (a
+        list that silently dropped the filter would show, or act on, everything)."""
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("This filter cannot be applied"),
+            "problems": [str(problem) for problem in problems],
+            "back_url": back_url,
+            "media": self.media,
+        }
+        return TemplateResponse(request, BAD_FILTER_TEMPLATE, context, status=400)
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        problems = self.filter_problems(request)
+        if problems:
+            return self.bad_filter_response(request, problems, request.path)
         context = {
             "dead_letters_url": reverse("admin:" + DEAD_LETTERS),
             "dead_letters": _is_dead_view(request),
@@ -562,16 +602,21 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if not (self.has_view_permission(request) and chosen.allowed(request)):
             raise PermissionDenied
         request._dtp_dead_letters = True  # type: ignore[attr-defined]
-        changelist = self.get_changelist_instance(request)
+        back = reverse("admin:" + DEAD_LETTERS)
+        problems = self.filter_problems(request)
+        if problems:  # GET and POST alike: nothing is acted on
+            return self.bad_filter_response(request, problems, back)
+        try:
+            changelist = self.get_changelist_instance(request)
+        except admin.options.IncorrectLookupParameters as exc:
+            return self.bad_filter_response(request, [BadFilter(str(exc))], back)
         matching = changelist.get_queryset(request)
         if chosen is ops.DISCARD:
             matching = matching.filter(ordering_blocked=True)
         described = describe_filter(dict(request.GET.lists()))
         if changelist.query:
             described = f"search {changelist.query!r}, {described}"
-        back = reverse("admin:" + DEAD_LETTERS) + (
-            f"?{request.GET.urlencode()}" if request.GET else ""
-        )
+        back += f"?{request.GET.urlencode()}" if request.GET else ""
         if request.method == "POST":
             count = matching.count()
             note = f": all {count} dead task(s) matching {described}"

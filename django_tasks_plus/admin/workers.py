@@ -1,10 +1,11 @@
 """The workers page: who is running, with how many tasks in flight, and who went silent.
 
-A worker touches its row every third of the visibility timeout (``worker/heartbeat.py``).
-Silent for a whole visibility timeout, it is shown STALE: by then its leases have
-expired too and the reaper hands its tasks to live workers. (The leader deletes the
-row after ``STALE_WORKER_FACTOR`` timeouts.) Ages are measured by the database's clock,
-which the workers' heartbeats follow, so a skewed admin host does not mislead.
+A worker touches its row every third of its own visibility timeout, stored on the row
+(``worker/heartbeat.py``). Silent for a whole one, it is shown STALE: by then its leases
+have expired too and the reaper hands its tasks to live workers (``liveness.py``; the
+leader deletes the row after ``STALE_WORKER_FACTOR`` of them). Ages are measured by the
+database's clock, which the workers' heartbeats follow, so a skewed admin host does not
+mislead.
 """
 
 from __future__ import annotations
@@ -22,26 +23,11 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from .. import compat
-from ..conf import BackendSettings
 from ..db.breakers import database_now
 from ..models import WorkerRecord
 from . import display, html
 from .base import ReadOnlyAdmin
 from .queries import in_flight
-
-DEFAULT_VISIBILITY_TIMEOUT = BackendSettings(alias="", queues=frozenset()).visibility_timeout
-
-
-def visibility_timeout(backend_name: str) -> float:
-    """The backend's visibility timeout (a worker started with ``--visibility-timeout``
-    may use another; the backend's setting is what the admin can know)."""
-    try:
-        settings = getattr(compat.task_backends[backend_name], "settings", None)
-    except Exception:  # a backend no longer configured: its workers are history
-        settings = None
-    value = getattr(settings, "visibility_timeout", None)
-    return float(value) if isinstance(value, int | float) else float(DEFAULT_VISIBILITY_TIMEOUT)
 
 
 def _annotate(workers: list[WorkerRecord]) -> None:
@@ -109,7 +95,7 @@ class WorkerRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("alive"))
     def liveness(self, worker: WorkerRecord) -> Any:
-        timeout = visibility_timeout(worker.backend_name)
+        timeout = worker.visibility_timeout
         if display.is_stale(worker.last_heartbeat_at, self._now(worker), timeout):
             return format_html(
                 '<span title="{}">{}</span>',

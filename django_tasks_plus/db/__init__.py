@@ -20,6 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.module_loading import import_string
 
 from ..exceptions import UnsupportedDatabase
+from .unpooled import is_pooled
 
 if TYPE_CHECKING:  # the dialects import the models: load them only when used
     from .base import Dialect
@@ -53,8 +54,18 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
 def worker_connection(database: str, bound_seconds: float) -> BaseDatabaseWrapper:
     """This thread's connection to ``database``, open, with the worker's own statements
     bounded to ``bound_seconds`` (``Dialect.bound_worker_statements``): what the worker's
-    bookkeeping threads (claim, heartbeat, outcomes, pruning) use, never task code."""
+    bookkeeping threads (claim, heartbeat, outcomes, pruning) use, never task code.
+
+    The bounds are session settings, so the session must be one no other thread will
+    get: a thread whose alias has a connection pool must run ``outside_the_pool()``
+    (``db/unpooled.py``); otherwise this raises rather than leak them into the pool."""
     connection = connections[database]
+    if is_pooled(connection):
+        raise RuntimeError(
+            f"The worker's own statements on database {database!r} must not run on a "
+            "pooled connection (its bounds would reach task code): run this thread "
+            "inside django_tasks_plus.db.unpooled.outside_the_pool()."
+        )
     connection.ensure_connection()
     dialect_for(connection).bound_worker_statements(connection, bound_seconds)
     return connection

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, cast
@@ -129,6 +130,22 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
     )
 
 
+@dataclass(frozen=True, slots=True)
+class DriverState:
+    """A connection's transaction state as the database driver itself reports it.
+
+    Django keeps its own record (``autocommit``, ``in_atomic_block``); an exception raised
+    half-way through Django's bookkeeping leaves that record out of step with the driver,
+    and the driver is the one that decides what gets committed."""
+
+    autocommit: bool
+    """Whether each statement commits on its own."""
+    in_transaction: bool
+    """Whether a transaction is open: what ran since it began is not committed."""
+    usable: bool
+    """False when the driver is closed, mid-query, or has lost track of the session."""
+
+
 class Dialect(ABC):
     """Everything the queue says to one kind of database: insert, claim, outcome writes,
     lease renewal, reaping, dedup keys, and the database's clock.
@@ -168,6 +185,19 @@ class Dialect(ABC):
         """Problems that stop this database from running the queue (empty if none)."""
         return []
 
+    # -- the driver's own view of a connection (attribute reads, never a query) ---------
+
+    def driver_state(self, raw: Any) -> DriverState | None:
+        """What the driver connection ``raw`` says about its transaction; None when this
+        dialect cannot tell (then Django's record is all there is)."""
+        return None
+
+    def hung_up(self, raw: Any) -> bool:
+        """Whether the server has (probably) closed the idle connection ``raw``, seen
+        without a round trip; a True may be a false alarm, to be confirmed by a query.
+        The default cannot tell: False."""
+        return False
+
     # -- the clock -----------------------------------------------------------------------
 
     @abstractmethod
@@ -192,6 +222,11 @@ class Dialect(ABC):
         bookkeeping threads). Task code never runs on these connections.
 
         The default does nothing: a database without such settings waits as it waits."""
+        return None
+
+    def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
+        """Undo ``bound_worker_statements`` on ``connection``'s session, if it was bounded:
+        its settings back to what the session started with (``db/unpooled.py``)."""
         return None
 
     # -- enqueue -------------------------------------------------------------------------

@@ -74,6 +74,56 @@ def locked_circuit(
     return tuple(row)
 
 
+def locked_existing_circuit(
+    database: str, backend_name: str, name: str, key: str
+) -> tuple[Any, ...] | None:
+    """The circuit's columns, its row locked until the caller's transaction ends; None
+    (and nothing created) when no circuit is stored. Must run inside ``atomic()``."""
+    row = (
+        _rows(database, backend_name, name, key)
+        .select_for_update()
+        .values_list(*CIRCUIT_COLUMNS)
+        .first()
+    )
+    return None if row is None else tuple(row)
+
+
+def circuits_of_key(database: str, backend_name: str, key: str) -> list[tuple[str, str]]:
+    """``(name, state)`` of every stored circuit of ``key``, under any breaker name."""
+    rows = (
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name, key=key)
+        .order_by("name")
+        .values_list("name", "state")
+    )
+    return [(str(name), str(state)) for name, state in rows]
+
+
+def stored_names(database: str, backend_name: str) -> set[str]:
+    """The breaker names of the backend's stored circuits."""
+    return set(
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name)
+        .values_list("name", flat=True)
+        .distinct()
+    )
+
+
+def name_in_use(database: str, backend_name: str, name: str) -> bool:
+    """Whether a stored circuit or a waiting task uses the breaker name ``name``."""
+    if BreakerRecord.objects.using(database).filter(backend_name=backend_name, name=name).exists():
+        return True
+    return (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend_name,
+            status=TaskResultStatus.READY,
+            breaker_key__startswith=f"{name}/",
+        )
+        .exists()
+    )
+
+
 def save_circuit(
     database: str,
     backend_name: str,
@@ -118,6 +168,31 @@ def release_tasks(database: str, backend_name: str, breaker_key: str, now: datet
             run_after__gt=now,
         )
         .update(run_after=now)
+    )
+
+
+def running_leases(
+    database: str, backend_name: str, breaker_key: str, besides: str
+) -> list[tuple[str, str]]:
+    """``(id, lease token)`` of the key's RUNNING tasks other than ``besides``."""
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(backend_name=backend_name, breaker_key=breaker_key, status=TaskResultStatus.RUNNING)
+        .values_list("pk", "lease_token")
+    )
+    return [(str(pk), str(token)) for pk, token in rows if str(pk) != besides]
+
+
+def still_running(database: str, leases: list[tuple[str, str]]) -> bool:
+    """Whether any of these attempts (a task under that lease) is still RUNNING."""
+    return (
+        TaskRecord.objects.using(database)
+        .filter(
+            pk__in=[pk for pk, _token in leases],
+            lease_token__in=[token for _pk, token in leases],
+            status=TaskResultStatus.RUNNING,
+        )
+        .exists()
     )
 
 

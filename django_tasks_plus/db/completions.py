@@ -4,6 +4,11 @@ A worker finishing hundreds of tasks a second would otherwise pay one commit per
 The dialect writes the batch (``Dialect.write_outcomes``: on PostgreSQL one statement per
 group of outcomes that set the same columns, elsewhere one per row) and the whole batch
 commits once. Each row still lands only where its lease token matches.
+
+The registered outcome hooks (``extensions.outcome_hooks``) run in the same transaction,
+after the writes, with the outcomes that landed: a feature's bookkeeping (a group's
+counter, dependents becoming due) commits or rolls back with the outcomes. With no hook
+registered nothing more is sent.
 """
 
 from __future__ import annotations
@@ -12,16 +17,49 @@ from collections.abc import Sequence
 
 from django.db import connections, transaction
 
+from ..extensions import WrittenOutcome, outcome_hooks, run_outcome_hooks
 from ..lifecycle import ClaimedTask, Transition
 from . import dialect_for
+from .store import apply_transition
 
 Completion = tuple[ClaimedTask, Transition]
 
 
 def apply_transitions(database: str, completions: Sequence[Completion]) -> list[bool]:
-    """Write every completion in one transaction; return, in order, which landed."""
+    """Write every completion in one transaction; return, in order, which landed.
+
+    A hook that raises rolls the whole batch back and the exception propagates: the
+    caller handles it as any failed write (the reporter retries row by row)."""
     if not completions:
         return []
     connection = connections[database]
     with transaction.atomic(using=database):
-        return dialect_for(connection).write_outcomes(connection, completions)
+        landed = dialect_for(connection).write_outcomes(connection, completions)
+        if outcome_hooks:
+            written = [
+                WrittenOutcome(claimed, outcome)
+                for (claimed, outcome), ok in zip(completions, landed, strict=True)
+                if ok
+            ]
+            run_outcome_hooks(connection, database, written)
+        return landed
+
+
+def apply_outcome(
+    database: str,
+    claimed: ClaimedTask,
+    outcome: Transition,
+    *,
+    only_if_expired: bool = False,
+) -> bool:
+    """Write one outcome outside the reporter (the reaper, a release at shutdown) with
+    the outcome hooks, as ``apply_transitions`` does; one autocommit statement when no
+    hook is registered."""
+    if not outcome_hooks:
+        return apply_transition(database, claimed, outcome, only_if_expired=only_if_expired)
+    connection = connections[database]
+    with transaction.atomic(using=database):
+        landed = apply_transition(database, claimed, outcome, only_if_expired=only_if_expired)
+        if landed:
+            run_outcome_hooks(connection, database, [WrittenOutcome(claimed, outcome)])
+        return landed

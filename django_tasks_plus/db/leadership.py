@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from django.db import connections
 
 from ..models import Leadership
-from . import dialect_for
+from . import dialect_for, worker_connection
 from .dedicated import dedicated_connection
 
 
@@ -160,9 +160,8 @@ class TableLease:
         self.seconds = seconds
 
     def try_lead(self) -> bool:
-        connection = connections[self.database]
+        connection = worker_connection(self.database, self.seconds)
         dialect = dialect_for(connection)
-        dialect.bound_worker_statements(connection, self.seconds)
         expiry, expiry_params = dialect.lease_expiry(self.seconds)
         table = connection.ops.quote_name(Leadership._meta.db_table)
         with connection.cursor() as cursor:

@@ -1,23 +1,26 @@
-"""The metrics table and the read-time gauges: one upsert per flush, pruning, and the
-aggregate reads the metrics queries build on.
+"""The metrics table and the read-time gauges: one transaction per flush, pruning, and
+the aggregate reads the metrics queries build on.
 
 The upsert adds to existing rows (``INSERT … ON CONFLICT … DO UPDATE SET value = value +
 excluded.value``), which PostgreSQL and SQLite spell the same way, so it is written once
 here. Its rows are sorted, so two workers flushing at once lock shared rows in the same
-order and cannot deadlock. The reads are vendor-neutral ORM.
+order and cannot deadlock. A flush lands exactly once: ``land_flush`` records the flush's
+key (``MetricFlush``) and adds its rows in one transaction, and a retry whose key is
+already stored adds nothing. The reads are vendor-neutral ORM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, Min, Q, Sum
 
 from ..compat import TaskResultStatus
-from ..models import MetricRecord, TaskRecord, WorkerRecord
+from ..models import MetricFlush, MetricRecord, TaskRecord, WorkerRecord
+from . import dialect_for
 
 METRICS = "django_tasks_plus_metricrecord"
 METRIC_COLUMNS = ("backend_name", "minute", "queue_name", "task_path", "name", "value")
@@ -30,6 +33,13 @@ ADD_METRICS = """
     DO UPDATE SET value = django_tasks_plus_metricrecord.value + excluded.value
 """
 
+# Stamped by the database's clock, which the pruner's retention follows too.
+CLAIM_FLUSH_KEY = """
+    INSERT INTO django_tasks_plus_metricflush (id, backend_name, flushed_at)
+    VALUES (%s, %s, {now})
+    ON CONFLICT (id) DO NOTHING
+"""
+
 # Rows per statement: far above a flush's usual size, and within every SQLite's limit of
 # bound parameters (999 before 3.32) at six parameters a row.
 _ROWS_PER_STATEMENT = 160
@@ -37,10 +47,66 @@ _ROWS_PER_STATEMENT = 160
 Row = tuple[str, datetime, str, str, str, int]  # METRIC_COLUMNS, in order
 
 
+class FlushFailed(DatabaseError):
+    """A flush's transaction failed. ``may_have_landed``: the error came from its COMMIT
+    (or after it), so the server may have committed it: retry it under the same keys.
+    Otherwise it was rolled back and its counts can be sent again under any key."""
+
+    def __init__(self, cause: DatabaseError, *, may_have_landed: bool) -> None:
+        super().__init__(str(cause))
+        self.may_have_landed = may_have_landed
+
+
+def land_flush(database: str, backend: str, batches: Mapping[str, Iterable[Row]]) -> int:
+    """Add the rows of every batch whose key (a uuid hex) is not stored yet, and store
+    those keys, all in ONE transaction; returns how many rows were written.
+
+    A batch whose key is stored already landed earlier (its COMMIT's answer was lost):
+    it adds nothing. A concurrent transaction inserting the same key makes this one wait
+    for its outcome on the key's unique index, so the key decides even then. Raises
+    ``FlushFailed``; refuses to run inside a transaction (the flush would share its fate).
+    """
+    connection = connections[database]
+    if connection.in_atomic_block:
+        raise transaction.TransactionManagementError(
+            "A metrics flush must run in a transaction of its own, not inside atomic()."
+        )
+    claim_key = CLAIM_FLUSH_KEY.format(now=dialect_for(connection).now_sql)
+    committing = False
+    try:
+        with transaction.atomic(using=database):
+            fresh: list[Row] = []
+            with connection.cursor() as cursor:
+                for key in sorted(batches):
+                    cursor.execute(claim_key, [_key_param(connection, key), backend])
+                    if cursor.rowcount == 1:
+                        fresh.extend(batches[key])
+            written = add_metrics(database, summed(fresh))
+            committing = True
+    except DatabaseError as exc:
+        raise FlushFailed(exc, may_have_landed=committing) from exc
+    return written
+
+
+def _key_param(connection: Any, key: str) -> Any:
+    field = MetricFlush._meta.get_field("id")
+    return field.get_db_prep_value(field.to_python(key), connection, prepared=False)
+
+
+def summed(rows: Iterable[Row]) -> list[Row]:
+    """One row per key (the upsert touches a row once per statement), values added."""
+    totals: dict[tuple[str, datetime, str, str, str], int] = {}
+    for backend, minute, queue, task_path, name, value in rows:
+        key = (backend, minute, queue, task_path, name)
+        totals[key] = totals.get(key, 0) + value
+    return [(*key, value) for key, value in totals.items()]
+
+
 def add_metrics(database: str, rows: Iterable[Row]) -> int:
     """Add ``rows`` to the table in one statement (per 160 rows); returns how many rows.
 
-    Each key must appear once. Runs in autocommit: a statement lands whole or not at all.
+    Each key must appear once. Runs in the caller's transaction; ``land_flush`` is the
+    flush's one transaction around it.
     """
     ordered = sorted(rows, key=lambda row: row[:5])
     if not ordered:
@@ -68,6 +134,17 @@ def prune_metrics(database: str, backend: str, before: datetime, keep: datetime)
         MetricRecord.objects.using(database)
         .filter(backend_name=backend, minute__lt=before)
         .exclude(minute=keep)
+        .delete()
+    )
+    return deleted
+
+
+def prune_flush_keys(database: str, backend: str, before: datetime) -> int:
+    """Forget the backend's flush keys older than ``before`` (the metrics retention: a
+    flush is retried within seconds, never after days); returns how many."""
+    deleted, _ = (
+        MetricFlush.objects.using(database)
+        .filter(backend_name=backend, flushed_at__lt=before)
         .delete()
     )
     return deleted

@@ -8,6 +8,7 @@ is fixed, so psycopg parses it once.
 from __future__ import annotations
 
 import json
+import select
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -15,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..extensions import claim_conditions
 from ..lifecycle import ClaimedTask
 from . import sql
 from .base import (
     NOTIFY_CHANNEL,
     Dialect,
+    DriverState,
     claimed_from_row,
     column,
     insert_statements,
@@ -30,6 +33,11 @@ from .pgexec import fetch_all
 
 if TYPE_CHECKING:
     from .completions import Completion
+
+# libpq's PQtransactionStatus values (psycopg 3's pq.TransactionStatus, psycopg 2's
+# extensions.TRANSACTION_STATUS_*): idle, a query in flight, in a transaction, in a failed
+# one; anything else (PQTRANS_UNKNOWN) is a connection libpq has lost track of.
+PQTRANS_IDLE, PQTRANS_ACTIVE, PQTRANS_INTRANS, PQTRANS_INERROR = 0, 1, 2, 3
 
 # Batches at least this big go through COPY, which skips SQL parsing of every row.
 COPY_THRESHOLD = 64
@@ -47,8 +55,9 @@ LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
 # written, and last_attempted_at (returned last) is the claim's time by the database's
 # clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
 # failing the whole claim.
-# Parameters: backend, queues (one text array), limit, lease token, lease seconds, worker id.
-CLAIM = """
+# Parameters: backend, queues (one text array), the claim filters', limit, lease token,
+# lease seconds, worker id.
+CLAIM_TEMPLATE = """
     WITH picked AS ({candidates})
     UPDATE django_tasks_plus_taskrecord task SET
         status = 'RUNNING',
@@ -63,14 +72,28 @@ CLAIM = """
         last_attempted_at = {now}
     FROM picked WHERE task.id = picked.id
     RETURNING {returning}, task.last_attempted_at
-""".format(
-    candidates=sql.claim_candidates(
-        queue_in="= ANY(%s)", now=NOW, skip_locked="\n        FOR UPDATE SKIP LOCKED"
-    ),
-    lease_expiry=LEASE_EXPIRY,
-    now=NOW,
-    returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
-)
+"""
+
+
+@lru_cache(maxsize=16)
+def claim_statement(conditions: str = "") -> str:
+    """The claim with the registered claim filters' ``conditions`` (built once per set)."""
+    return CLAIM_TEMPLATE.format(
+        candidates=sql.claim_candidates(
+            queue_in="= ANY(%s)",
+            now=NOW,
+            skip_locked="\n        FOR UPDATE SKIP LOCKED",
+            conditions=conditions,
+        ),
+        lease_expiry=LEASE_EXPIRY,
+        now=NOW,
+        returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
+    )
+
+
+# The claim with no claim filter registered. Parameters: backend, queues (one text
+# array), the filters' (none here), limit, lease token, lease seconds, worker id.
+CLAIM = claim_statement()
 
 # Wake the workers of the given queues. PostgreSQL delivers notifications only on commit
 # and folds identical ones within a transaction: a rollback wakes nobody, and a batch
@@ -86,6 +109,12 @@ INSERT_AND_NOTIFY = "WITH inserted AS ({insert}) " + NOTIFY_QUEUES
 SET_WORKER_TIMEOUTS = (
     "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)"
 )
+# Back to each setting's value at the start of the session (its "reset value": the
+# server's, the role's, or the connection options' own).
+RESET_WORKER_TIMEOUTS = """
+    SELECT set_config(name, reset_val, false) FROM pg_settings
+     WHERE name IN ('statement_timeout', 'lock_timeout')
+"""
 
 # Many fenced outcomes that set the same columns, in one statement: the whole group is
 # one JSON parameter that jsonb_to_recordset unpacks into typed columns. Each row lands
@@ -187,8 +216,17 @@ class PostgreSQLDialect(Dialect):
         lease_token: str,
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
-        params = [backend_name, list(queues), limit, lease_token, visibility_timeout, worker_id]
-        rows = fetch_all(connection, CLAIM, params)
+        conditions, filter_params = claim_conditions(self.vendor, fenced=True)
+        params = [
+            backend_name,
+            list(queues),
+            *filter_params,
+            limit,
+            lease_token,
+            visibility_timeout,
+            worker_id,
+        ]
+        rows = fetch_all(connection, claim_statement(conditions), params)
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
 
@@ -205,6 +243,29 @@ class PostgreSQLDialect(Dialect):
             landed.update(str(row[0]) for row in rows)
         return [claimed.id in landed for claimed, _ in completions]
 
+    def driver_state(self, raw: Any) -> DriverState:
+        # psycopg 3 and psycopg 2 both report libpq's transaction status.
+        if raw.closed:
+            return DriverState(autocommit=False, in_transaction=False, usable=False)
+        pgconn = getattr(raw, "pgconn", None)  # psycopg 3: skips building a ConnectionInfo
+        status = int((pgconn if pgconn is not None else raw.info).transaction_status)
+        return DriverState(
+            autocommit=bool(raw.autocommit),
+            in_transaction=status in (PQTRANS_INTRANS, PQTRANS_INERROR),
+            usable=status in (PQTRANS_IDLE, PQTRANS_INTRANS, PQTRANS_INERROR),
+        )
+
+    def hung_up(self, raw: Any) -> bool:
+        """An idle session's socket has nothing to read, unless the server wrote first: a
+        backend that is terminated (``pg_terminate_backend``, a restart) sends its FATAL
+        message and closes. A notice or notification also wakes it: a false alarm."""
+        if raw.closed:
+            return True
+        try:
+            return _readable(raw.fileno())
+        except Exception:  # no socket any more (the driver closed it): it is gone
+            return True
+
     def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
         return LEASE_EXPIRY, [seconds]
 
@@ -219,6 +280,14 @@ class PostgreSQLDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
         raw._dtp_bounded = seconds
+
+    def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
+        raw = connection.connection
+        if raw is None or getattr(raw, "_dtp_bounded", None) is None:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(RESET_WORKER_TIMEOUTS)
+        raw._dtp_bounded = None
 
 
 @lru_cache(maxsize=64)
@@ -264,3 +333,13 @@ def _records(names: tuple[str, ...], members: Sequence[Completion]) -> str:
             record[name] = values[name]
         records.append(record)
     return _RECORDS.encode(records)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has data (or an end of file) waiting, without waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+    return bool(readable)

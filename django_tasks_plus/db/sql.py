@@ -70,14 +70,16 @@ ORDERING_HEAD = """(
 # The ids a claim takes: due READY tasks of one backend and its queues, each at the head of
 # its ordering key, in claim order (priority, due time, id). That is the order of the
 # partial index dtp_task_ready_idx, which the planner walks, stopping after LIMIT rows.
-# Parameters: backend name, the queues (as {queue_in} takes them), the limit.
+# {conditions}: the registered claim filters (``extensions.claim_filters``), each
+# "AND (fragment)", empty when none is registered.
+# Parameters: backend name, the queues (as {queue_in} takes them), the filters', the limit.
 CLAIM_CANDIDATES = """
         SELECT candidate.id FROM django_tasks_plus_taskrecord candidate
         WHERE candidate.status = 'READY'
           AND candidate.backend_name = %s
           AND candidate.queue_name {queue_in}
           AND candidate.run_after <= {now}
-          AND {ordering_head}
+          AND {ordering_head}{conditions}
         ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
         LIMIT %s{skip_locked}
 """
@@ -121,11 +123,18 @@ INSERT_DEDUP_KEY = """
 """
 
 
-def claim_candidates(*, queue_in: str, now: str, skip_locked: str = "") -> str:
+def claim_candidates(
+    *, queue_in: str, now: str, skip_locked: str = "", conditions: str = ""
+) -> str:
     """``CLAIM_CANDIDATES`` with a dialect's fragments (``skip_locked`` starts with a
-    newline and its indentation, or is empty)."""
+    newline and its indentation, or is empty) and the claim filters' ``conditions``
+    (``extensions.claim_conditions``)."""
     return CLAIM_CANDIDATES.format(
-        queue_in=queue_in, now=now, skip_locked=skip_locked, ordering_head=ORDERING_HEAD
+        queue_in=queue_in,
+        now=now,
+        skip_locked=skip_locked,
+        ordering_head=ORDERING_HEAD,
+        conditions=conditions,
     )
 
 

@@ -17,9 +17,10 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
+from ..extensions import claim_conditions
 from ..lifecycle import ClaimedTask
 from . import sql
-from .base import Dialect, claimed_from_row, insert_statements, sort_claimed
+from .base import Dialect, DriverState, claimed_from_row, insert_statements, sort_claimed
 
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE … RETURNING
 
@@ -49,7 +50,7 @@ NEXT_SEQUENCE = "(SELECT COALESCE(MAX(sequence), 0) + {offset} FROM django_tasks
 # the claim's time. json_insert raises on malformed JSON, so a worker_ids that is not an
 # array is replaced by a fresh one: one corrupt row must not fail every claim.
 # Parameters: lease token, lease modifier, worker id, backend, the queues ({queue_marks}:
-# one placeholder each), limit.
+# one placeholder each), the claim filters', limit.
 CLAIM = """
     UPDATE django_tasks_plus_taskrecord SET
         status = 'RUNNING',
@@ -69,10 +70,13 @@ CLAIM = """
 
 
 @lru_cache(maxsize=16)
-def _claim_sql(queue_count: int) -> str:
-    """``CLAIM`` for ``queue_count`` served queues: built once per count."""
+def _claim_sql(queue_count: int, conditions: str = "") -> str:
+    """``CLAIM`` for ``queue_count`` served queues and the claim filters' ``conditions``:
+    built once per count and set of filters."""
     return CLAIM.format(
-        candidates=sql.claim_candidates(queue_in=f"IN ({sql.placeholders(queue_count)})", now=DUE),
+        candidates=sql.claim_candidates(
+            queue_in=f"IN ({sql.placeholders(queue_count)})", now=DUE, conditions=conditions
+        ),
         lease_expiry=LEASE_EXPIRY,
         now=NOW,
         returning=", ".join(sql.CLAIM_COLUMNS),
@@ -104,6 +108,18 @@ class SQLiteDialect(Dialect):
             ]
         return []
 
+    def driver_state(self, raw: Any) -> DriverState:
+        # Django runs SQLite's driver with isolation_level None for autocommit, and an
+        # explicit BEGIN for atomic blocks; in_transaction is SQLite's own answer.
+        try:
+            return DriverState(
+                autocommit=raw.isolation_level is None,
+                in_transaction=raw.in_transaction,
+                usable=True,
+            )
+        except sqlite3.ProgrammingError:  # closed
+            return DriverState(autocommit=False, in_transaction=False, usable=False)
+
     def insert_tasks(
         self,
         connection: BaseDatabaseWrapper,
@@ -132,16 +148,18 @@ class SQLiteDialect(Dialect):
         lease_token: str,
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
+        conditions, filter_params = claim_conditions(self.vendor)
         params: list[Any] = [
             lease_token,
             _seconds_modifier(visibility_timeout),
             worker_id,
             backend_name,
             *queues,
+            *filter_params,
             limit,
         ]
         with connection.cursor() as cursor:
-            cursor.execute(_claim_sql(len(queues)), params)
+            cursor.execute(_claim_sql(len(queues), conditions), params)
             rows = cursor.fetchall()
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], self.parse_time(row[-1])) for row in rows])

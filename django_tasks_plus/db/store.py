@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from django.db.models.expressions import RawSQL
 
 from ..compat import TaskResultStatus
 from ..lifecycle import ClaimedTask, Transition
+from ..liveness import may_forget
 from ..models import TaskRecord, WorkerRecord
 from ..stored import error_list
 from . import dialect_for
@@ -77,43 +79,67 @@ def expired_tasks(database: str, backend_name: str, limit: int = 100) -> list[Cl
     return dialect_for(connection).expired_tasks(connection, backend_name, limit)
 
 
-def register_worker(
-    database: str,
-    *,
-    worker_id: str,
-    backend_name: str,
-    queues: Sequence[str],
-    concurrency: int,
-    now: datetime,
-) -> None:
+@dataclass(frozen=True)
+class WorkerRegistration:
+    """What a worker writes on its row: when it starts, and again whenever its heartbeat
+    finds the row gone (deleted while the process was paused past the pruning age)."""
+
+    worker_id: str
+    backend_name: str
+    queues: tuple[str, ...]
+    concurrency: int
+    visibility_timeout: float
+    started_at: datetime
+
+
+def register_worker(database: str, registration: WorkerRegistration, now: datetime) -> None:
     WorkerRecord.objects.using(database).update_or_create(
-        worker_id=worker_id,
+        worker_id=registration.worker_id,
         defaults={
-            "backend_name": backend_name,
+            "backend_name": registration.backend_name,
             "hostname": socket.gethostname()[:255],
             "pid": os.getpid(),
-            "queues": sorted(queues),
-            "concurrency": concurrency,
-            "started_at": now,
+            "queues": sorted(registration.queues),
+            "concurrency": registration.concurrency,
+            "visibility_timeout": registration.visibility_timeout,
+            "started_at": registration.started_at,
             "last_heartbeat_at": now,
         },
     )
 
 
-def heartbeat_worker(database: str, worker_id: str, now: datetime) -> None:
-    WorkerRecord.objects.using(database).filter(worker_id=worker_id).update(last_heartbeat_at=now)
+def heartbeat_worker(database: str, worker_id: str, now: datetime) -> bool:
+    """Touch the worker's row; False if it is gone (the caller registers it again)."""
+    rows = WorkerRecord.objects.using(database).filter(worker_id=worker_id)
+    return rows.update(last_heartbeat_at=now) > 0
 
 
 def remove_worker(database: str, worker_id: str) -> None:
     WorkerRecord.objects.using(database).filter(worker_id=worker_id).delete()
 
 
-def prune_workers(database: str, silent_since: datetime) -> int:
-    """Forget workers whose heartbeat stopped long ago (crashed or killed)."""
-    deleted, _ = (
-        WorkerRecord.objects.using(database).filter(last_heartbeat_at__lt=silent_since).delete()
+def prune_workers(database: str, now: datetime) -> list[str]:
+    """Forget the workers silent for ``STALE_WORKER_FACTOR`` of *their own* visibility
+    timeouts (crashed or killed); returns their ids.
+
+    Each row is judged by the timeout its worker declared, so a worker with a long one
+    is not taken for dead between its beats by a leader with a short one. A row is only
+    deleted if it has not beaten since it was read."""
+    rows = WorkerRecord.objects.using(database).values_list(
+        "worker_id", "last_heartbeat_at", "visibility_timeout"
     )
-    return deleted
+    forgotten = []
+    for worker_id, last_heartbeat, visibility_timeout in rows:
+        if not may_forget(last_heartbeat, now, visibility_timeout):
+            continue
+        deleted, _ = (
+            WorkerRecord.objects.using(database)
+            .filter(worker_id=worker_id, last_heartbeat_at=last_heartbeat)
+            .delete()
+        )
+        if deleted:
+            forgotten.append(worker_id)
+    return forgotten
 
 
 def ready_depth(database: str, backend_name: str, queue_name: str, cap: int) -> int:
@@ -144,6 +170,7 @@ def cancel_ready(database: str, task_id: str, error: dict, now: datetime) -> boo
                 errors=[*error_list(row["errors"]), error],
                 dead_letter_reason="cancelled",
                 cancel_requested=True,
+                held_since=None,  # finished: no longer held back by a breaker
             )
         )
         if updated:
@@ -164,10 +191,29 @@ def cancel_requested(database: str, task_id: str) -> bool:
     return TaskRecord.objects.using(database).filter(pk=task_id, cancel_requested=True).exists()
 
 
+# What a redriven task starts its new run with: every column that belongs to one run.
+# The history (``errors``: every earlier attempt's error, ``worker_ids``, ``started_at``)
+# is kept, as the admin shows it across runs.
+NEW_RUN = {
+    "status": TaskResultStatus.READY,
+    "attempt": 0,  # a fresh retry budget
+    "finished_at": None,
+    "dead_letter_reason": "",
+    "ordering_blocked": False,
+    "cancel_requested": False,
+    "lease_token": None,
+    "lease_expires_at": None,
+    # A breaker's held TTL counts from the first hold of this run: a task cancelled or
+    # dropped while held would otherwise be dropped again the moment it is claimed.
+    "held_since": None,
+}
+
+
 def redrive(
     database: str, task_id: str, now: datetime, *, clear_metadata: Sequence[str] = ()
 ) -> bool:
-    """Give a dead-lettered task a fresh retry budget; it runs again from READY.
+    """Start a new run of a dead-lettered task: READY now, with the state of a run reset
+    (``NEW_RUN``) and its history kept. Every redrive (API, admin, command) lands here.
 
     ``clear_metadata``: the metadata keys that live for one run (``metadata.run_keys()``),
     removed in the same statement."""
@@ -180,16 +226,7 @@ def redrive(
     return bool(
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED)
-        .update(
-            status=TaskResultStatus.READY,
-            attempt=0,
-            run_after=now,
-            finished_at=None,
-            dead_letter_reason="",
-            ordering_blocked=False,
-            cancel_requested=False,
-            **changes,
-        )
+        .update(**NEW_RUN, run_after=now, **changes)
     )
 
 

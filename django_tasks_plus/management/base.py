@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ..backend import DatabaseBackend
 from ..compat import InvalidTaskBackend
+from ..discovery import TaskModuleError, discover_task_modules
 from ..exceptions import TasksPlusError
 from ..operations import BackendNotUsable, database_backend
 
@@ -21,7 +22,8 @@ class BackendCommand(BaseCommand):
     needed_by = "this command"
 
     def execute(self, *args: Any, **options: Any) -> str | None:
-        self._backend(options["backend"])
+        backend = self._backend(options["backend"])
+        discover_tasks(backend)
         return super().execute(*args, **options)
 
     def check(self, *args: Any, **kwargs: Any) -> None:
@@ -35,3 +37,12 @@ class BackendCommand(BaseCommand):
             return database_backend(alias, needed_by=self.needed_by)
         except BackendNotUsable as exc:
             raise CommandError(str(exc)) from exc
+
+
+def discover_tasks(backend: DatabaseBackend) -> None:
+    """Import the installed apps' ``tasks`` modules (unless the backend turned it off),
+    so every task, breaker and service is known; a module that fails is a CommandError."""
+    try:
+        discover_task_modules(backend.settings)
+    except TaskModuleError as exc:
+        raise CommandError(str(exc)) from exc

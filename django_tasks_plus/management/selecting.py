@@ -17,15 +17,18 @@ from ..backend import DatabaseBackend
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS
 from ..operations import BackendNotUsable, database_backend
 from ..selection import (
+    SHORT_ID,
     BadFilter,
     Row,
     TaskFilter,
     count,
-    existing_ids,
     matching,
+    never_matching,
     parse_moment,
-    parse_task_id,
+    parse_status,
+    resolve_task_ids,
 )
+from .base import discover_tasks
 
 SAMPLE = 10
 # The options that narrow a selection (everything but ids and --backend).
@@ -65,7 +68,12 @@ class SelectingCommand(BaseCommand):
     statuses: tuple[str, ...] = ()
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("ids", nargs="*", metavar="TASK_ID", help="Task ids (UUIDs).")
+        parser.add_argument(
+            "ids",
+            nargs="*",
+            metavar="TASK_ID",
+            help=f"Task ids: whole, or the first {SHORT_ID}+ characters the admin shows.",
+        )
         parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
         parser.add_argument(
             "--queue", action="append", dest="queues", metavar="NAME", help="Queue (repeatable)."
@@ -78,13 +86,14 @@ class SelectingCommand(BaseCommand):
             help="Task path, e.g. myapp.tasks.send_email (repeatable).",
         )
         if len(self.statuses) > 1:
+            # No argparse ``choices``: it would print the enum's repr and want exact case.
             parser.add_argument(
                 "--status",
                 action="append",
                 dest="statuses",
-                choices=self.statuses,
-                help=f"Only tasks in this status (repeatable; default: all of "
-                f"{', '.join(self.statuses)}).",
+                metavar="STATUS",
+                help=f"Only tasks in this status, any case (repeatable; one of, and by "
+                f"default all of: {', '.join(self.statuses)}).",
             )
         parser.add_argument("--ordering-key", metavar="KEY", help="Tasks of this ordering key.")
         parser.add_argument(
@@ -134,14 +143,6 @@ class SelectingCommand(BaseCommand):
         backend = self._backend(options["backend"])
         database = backend.settings.database
         selection = self._selection(backend, options)
-        if selection.ids:
-            missing = sorted(
-                set(selection.ids) - existing_ids(backend.alias, database, selection.ids)
-            )
-            if missing:
-                raise CommandError(
-                    f"No task with id {', '.join(missing)} in backend {backend.alias!r}."
-                )
         total = count(selection, database)
         by_filter = not selection.ids
         if total == 0:
@@ -167,13 +168,13 @@ class SelectingCommand(BaseCommand):
 
     def _selection(self, backend: DatabaseBackend, options: dict[str, Any]) -> TaskFilter:
         try:
-            ids = tuple(dict.fromkeys(parse_task_id(text) for text in options["ids"] or ()))
+            named = list(options["ids"] or ())
             before = options["finished_before"]
             after = options["finished_after"]
             filters = [name for name in FILTER_OPTIONS if options.get(name)]
-            if ids and (filters or options["all"]):
+            if named and (filters or options["all"]):
                 raise BadFilter("Give task ids or filters (--queue, --task, …, --all), not both.")
-            if not ids and not filters and not options["all"]:
+            if not named and not filters and not options["all"]:
                 raise BadFilter(
                     f"Which tasks? Give task ids, filters (--queue, --task, --ordering-key, "
                     f"--reason-contains, --error, --finished-before/--finished-after), or "
@@ -182,13 +183,10 @@ class SelectingCommand(BaseCommand):
             if options["all"] and filters:
                 raise BadFilter("--all selects every task; leave the other filters out.")
             # Named ids are looked at whatever their status, so a skip can say why.
-            statuses = tuple(options.get("statuses") or ()) or (() if ids else self.statuses)
-            unknown = set(statuses) - set(self.statuses)
-            if unknown:  # call_command() skips argparse's choices
-                raise BadFilter(
-                    f"--status {', '.join(sorted(unknown))}: use one of {', '.join(self.statuses)}."
-                )
-            return TaskFilter(
+            chosen = [parse_status(text, self.statuses) for text in options.get("statuses") or ()]
+            statuses = tuple(dict.fromkeys(chosen)) or (() if named else self.statuses)
+            ids = resolve_task_ids(named, backend.alias, backend.settings.database)
+            selection = TaskFilter(
                 backend=backend.alias,
                 ids=ids,
                 statuses=statuses,
@@ -200,6 +198,10 @@ class SelectingCommand(BaseCommand):
                 finished_before=parse_moment(before) if before else None,
                 finished_after=parse_moment(after) if after else None,
             )
+            impossible = never_matching(selection)
+            if impossible:
+                raise BadFilter(" ".join(impossible))
+            return selection
         except BadFilter as exc:
             raise CommandError(str(exc)) from None
 
@@ -230,6 +232,8 @@ class SelectingCommand(BaseCommand):
 
     def _backend(self, alias: str) -> DatabaseBackend:
         try:
-            return database_backend(alias, needed_by="this command")
+            backend = database_backend(alias, needed_by="this command")
         except BackendNotUsable as exc:
             raise CommandError(str(exc)) from exc
+        discover_tasks(backend)
+        return backend

@@ -2,7 +2,8 @@
 kept per minute in the database so that every process sees the whole fleet.
 
 - ``aggregate``: the process-wide aggregator (an events subscriber) and its flushes;
-- ``catalog``: what is counted, the fixed histogram buckets, the stored names;
+- ``catalog``: what is counted, the fixed histogram buckets, the stored names, and the
+  registry of the features' own counters (``register_counter``);
 - ``queries``: the read API (gauges, totals, rate series, percentiles, workers) that
   the admin overview, ``taskstats`` and the Prometheus endpoint use;
 - ``prometheus``: the text exposition served by ``django_tasks_plus.urls``.
@@ -12,8 +13,8 @@ See docs/metrics.md.
 
 from __future__ import annotations
 
-from .aggregate import AGGREGATOR, install
-from .catalog import BUCKETS, COUNTER_NAMES, HISTOGRAM_NAMES
+from .aggregate import AGGREGATOR, install, register_counter
+from .catalog import BUCKETS, COUNTER_NAMES, HISTOGRAM_NAMES, feature_counters
 from .queries import (
     Histogram,
     QueueGauge,
@@ -46,12 +47,14 @@ __all__ = [
     "WorkerStatus",
     "all_time",
     "counter_totals",
+    "feature_counters",
     "flush",
     "histogram",
     "install",
     "percentiles",
     "queue_gauges",
     "rate_series",
+    "register_counter",
     "totals",
     "workers",
 ]

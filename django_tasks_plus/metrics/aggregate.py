@@ -10,10 +10,15 @@ Who flushes: in a worker, its ``tasks-metrics-flusher`` service every ``FLUSH_IN
 seconds and once more when it stops (it ``claim()``\\ s the aggregator while it runs).
 Anywhere else (web processes, shells), the enqueue-side event that finds the last flush
 ``FLUSH_INTERVAL`` seconds old flushes synchronously on its own thread, right after the
-enqueuing commit; an ``atexit`` hook flushes what is left when the process exits. A
-flush that fails puts its counts back for the next one and logs a warning; counts that
-cannot be written at exit are logged as an error with their number. Only a process
-killed outright loses what it counted since its last flush.
+enqueuing commit; an ``atexit`` hook flushes what is left when the process exits.
+
+A flush lands exactly once. Its counts are one batch under a fresh key (a uuid), written
+in one transaction with the key (``db.metrics.land_flush``). A flush that was rolled
+back puts its counts back for the next one; one whose COMMIT failed (the server may
+have committed it) keeps the batch under its key and sends it again with every later
+flush until one succeeds, when a stored key makes it add nothing. Either way a warning
+is logged; counts that cannot be written at exit are logged as an error with their
+number. Only a process killed outright loses what it counted since its last flush.
 """
 
 from __future__ import annotations
@@ -22,22 +27,23 @@ import atexit
 import logging
 import threading
 import time
+import uuid
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from .. import events
 from ..conf import BackendSettings, MetricsSettings, metrics_settings
-from ..db.metrics import Row, add_metrics
+from ..db.metrics import FlushFailed, Row, land_flush
 from ..exceptions import InvalidBackendOptions
 from .catalog import (
     ALL_TIME,
@@ -46,6 +52,8 @@ from .catalog import (
     COUNTER_NAMES,
     COUNTER_OF_EVENT,
     HISTOGRAM_NAMES,
+    FeatureCounter,
+    feature_counters,
     sum_name,
 )
 
@@ -75,11 +83,15 @@ ENQUEUE_SIDE = frozenset(
 _TIMED = frozenset({events.TASK_SUCCEEDED, events.TASK_ATTEMPT_FAILED, events.TASK_DEFERRED})
 
 Key = tuple[int, str, str, str]  # epoch minute, backend, queue, task path
+Batch = dict[Key, list[Any]]  # one flush's counts of one backend
 # One raw observation: (kind, counter index, time, backend, queue, task path, number).
 # kind COUNT: number is how many; STARTED: number is the wait in seconds; OUTCOME: number
-# is the run time in seconds, or None (the reaper's outcomes have none).
-Raw = tuple[int, int, float, Any, Any, Any, Any]
-COUNT, STARTED, OUTCOME = range(3)
+# is the run time in seconds, or None (the reaper's outcomes have none); FEATURE: a
+# feature's counter, whose stored name (with its labels) takes the index's place.
+Raw = tuple[int, Any, float, Any, Any, Any, Any]
+COUNT, STARTED, OUTCOME, FEATURE = range(4)
+# An entry's last slot: the feature counters' {stored name: count}, or None.
+_FEATURES = _WIDTH
 # Fold the raw observations in once this many are waiting (about 100 bytes each).
 FOLD_AT = 50_000
 
@@ -104,7 +116,10 @@ class Aggregator:
         self.flush_interval = 10.0  # the shortest of the enabled backends'
         self.last_flush = time.monotonic()
         self.claimed_by = 0  # running worker flushers: emit-time flushes are off
-        self._flushing = threading.Lock()
+        self._flushing = threading.Lock()  # also guards ``unsettled``
+        # Per backend: batches whose COMMIT failed, by flush key. Each may have landed;
+        # each is sent again under its own key until a flush succeeds.
+        self.unsettled: dict[str, dict[str, Batch]] = {}
 
     # -- events in (hot: one append each) ------------------------------------------------
 
@@ -162,6 +177,25 @@ class Aggregator:
         if len(self.raw) >= FOLD_AT:
             self.fold()
 
+    def on_feature(self, event: events.Event) -> None:
+        """An event a feature's counter counts (``catalog.feature_counters``)."""
+        labels = event.labels
+        number = int(event.measurements.get("count", 1))
+        for counter in feature_counters.by_event.get(event.name, ()):
+            self.raw.append(
+                (
+                    FEATURE,
+                    counter.stored_name(labels),
+                    event.time,
+                    labels.get("backend"),
+                    labels.get("queue"),
+                    labels.get("task_path"),
+                    number,
+                )
+            )
+        if len(self.raw) >= FOLD_AT:
+            self.fold()
+
     def fold(self) -> None:
         """Add the raw observations up into ``pending`` (per minute and labels)."""
         with self.lock:
@@ -176,7 +210,13 @@ class Aggregator:
                 key = (int(at // 60), backend, queue or "", task_path or "")
                 entry = pending.get(key)
                 if entry is None:
-                    entry = pending[key] = [0] * _WIDTH
+                    entry = pending[key] = [0] * _WIDTH + [None]
+                if kind == FEATURE:
+                    extra = entry[_FEATURES]
+                    if extra is None:
+                        extra = entry[_FEATURES] = {}
+                    extra[index] = extra.get(index, 0) + number
+                    continue
                 if kind == COUNT:
                     entry[index] += number
                     continue
@@ -202,10 +242,14 @@ class Aggregator:
             for key, values in pending.items():
                 entry = self.pending.get(key)
                 if entry is None:
-                    self.pending[key] = list(values)
-                else:
-                    for i, value in enumerate(values):
-                        entry[i] += value
+                    self.pending[key] = [*values[:_FEATURES], _copy(values[_FEATURES])]
+                    continue
+                for i in range(_FEATURES):
+                    entry[i] += values[i]
+                if values[_FEATURES]:
+                    extra = entry[_FEATURES] = entry[_FEATURES] or {}
+                    for name, count in values[_FEATURES].items():
+                        extra[name] = extra.get(name, 0) + count
 
     def flush_if_due(self) -> None:
         """The emit-time flush of processes without a worker flusher (see the module)."""
@@ -214,48 +258,84 @@ class Aggregator:
         self.flush(in_request=True)
 
     def flush(self, *, in_request: bool = False) -> int:
-        """Write what was counted, one upsert per backend; returns the rows written.
+        """Write what was counted, one transaction per backend; returns the rows written.
 
-        ``in_request``: skip a database whose connection on this thread is inside a
-        transaction (the counts wait for the next flush rather than join it)."""
+        A database whose connection on this thread is inside a transaction is skipped (its
+        counts wait for the next flush): a flush inside another transaction would share
+        that transaction's fate. ``in_request``: give up at once if another thread is
+        flushing (the emit-time flush must not make a request wait)."""
         if not self._flushing.acquire(blocking=not in_request):
             return 0  # another thread is flushing right now
         try:
             self.last_flush = time.monotonic()
-            pending = self.take()
+            pending = _by_backend(self.take())
             written = 0
-            for alias, entries in _by_backend(pending).items():
+            for alias in sorted(pending.keys() | self.unsettled.keys()):
                 target = self.targets.get(alias)
-                if target is None:
-                    continue  # metrics were turned off for it since
-                if in_request and connections[target.database].in_atomic_block:
-                    self.put_back(entries)
+                if target is None:  # metrics were turned off for it since
+                    self.unsettled.pop(alias, None)
                     continue
-                try:
-                    written += add_metrics(target.database, rows_for(alias, entries))
-                except DatabaseError as exc:
-                    self.put_back(entries)
-                    logger.warning(
-                        "Could not write the metrics of backend %r (%s); they are kept for "
-                        "the next flush.",
-                        alias,
-                        exc,
-                    )
+                fresh = pending.get(alias, {})
+                if connections[target.database].in_atomic_block:
+                    self.put_back(fresh)
+                    continue
+                written += self._land(target, fresh)
             return written
         finally:
             self._flushing.release()
 
+    def _land(self, target: Target, fresh: Batch) -> int:
+        """Send one backend's unsettled batches and ``fresh`` (under a new key) in one
+        transaction; keep what may have landed under its key, put the rest back."""
+        batches = dict(self.unsettled.get(target.alias, {}))
+        if fresh:
+            batches[uuid.uuid4().hex] = fresh
+        if not batches:
+            return 0
+        rows = {key: rows_for(target.alias, batch) for key, batch in batches.items()}
+        try:
+            written = land_flush(target.database, target.alias, rows)
+        except FlushFailed as exc:
+            if exc.may_have_landed:
+                self.unsettled[target.alias] = batches
+            else:
+                self.put_back(fresh)
+            logger.warning(
+                "Could not write the metrics of backend %r (%s); they are kept for the next "
+                "flush%s.",
+                target.alias,
+                exc,
+                " (under their flush key: the commit's outcome is unknown)"
+                if exc.may_have_landed
+                else "",
+            )
+            return 0
+        self.unsettled.pop(target.alias, None)
+        return written
+
     def flush_at_exit(self) -> None:
         """The last flush of a process; says how much was lost if it fails."""
-        if not self.pending and not self.raw:
+        if not self.pending and not self.raw and not self.unsettled:
             return
         try:
             self.flush()
         except Exception:
             logger.exception("Could not write the metrics at exit.")
-        lost = sum(sum(values[: len(COUNTER_NAMES)]) for values in self.pending.values())
+        lost = _events_in(self.pending.values())
         if lost:
             logger.error("Process exiting: %d counted task events were never written.", lost)
+        unknown = _events_in(
+            entry
+            for batches in self.unsettled.values()
+            for b in batches.values()
+            for entry in b.values()
+        )
+        if unknown:
+            logger.error(
+                "Process exiting: %d counted task events may not have been written (their "
+                "flush's commit failed).",
+                unknown,
+            )
 
     # -- who flushes ---------------------------------------------------------------------
 
@@ -273,8 +353,12 @@ class Aggregator:
         return {target.database for target in self.targets.values()}
 
 
-def _by_backend(pending: Mapping[Key, list[Any]]) -> dict[str, dict[Key, list[Any]]]:
-    grouped: dict[str, dict[Key, list[Any]]] = {}
+def _events_in(entries: Iterable[list[Any]]) -> int:
+    return sum(sum(values[: len(COUNTER_NAMES)]) for values in entries)
+
+
+def _by_backend(pending: Mapping[Key, list[Any]]) -> dict[str, Batch]:
+    grouped: dict[str, Batch] = {}
     for key, values in pending.items():
         grouped.setdefault(key[1], {})[key] = values
     return grouped
@@ -307,6 +391,12 @@ def _numbers(values: list[Any]) -> Iterator[tuple[str, int]]:
         seconds = values[base + _SLOTS]
         if seconds:
             yield sum_name(histogram), round(seconds * 1_000_000)
+    if values[_FEATURES]:
+        yield from values[_FEATURES].items()
+
+
+def _copy(extra: dict[str, int] | None) -> dict[str, int] | None:
+    return dict(extra) if extra else None
 
 
 AGGREGATOR = Aggregator()
@@ -348,6 +438,27 @@ def _handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
     return table
 
 
+def _feature_handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
+    return dict.fromkeys(feature_counters.by_event, aggregator.on_feature)
+
+
+def register_counter(
+    name: str, *event_names: str, help: str, labels: tuple[str, ...] | list[str] = ()
+) -> FeatureCounter:
+    """Count a feature's events: ``name`` (stored per minute and all-time, served to
+    Prometheus as ``django_tasks_plus_<name>``) adds each event's ``count`` measurement,
+    else one, per backend, queue, task path and the event labels named in ``labels``.
+    The events must be registered first (``events.register_names``). Call it when the
+    feature starts (its ``AppConfig.ready``)."""
+    counter = feature_counters.register(
+        FeatureCounter(name, tuple(event_names), help, tuple(labels))
+    )
+    if AGGREGATOR.targets:  # subscribed already: count the new events too
+        for event_name in counter.events:
+            events.subscribe(AGGREGATOR.on_feature, event_name)
+    return counter
+
+
 def install(tasks: Mapping[str, Any] | None = None) -> bool:
     """Subscribe the aggregator when a backend has metrics on, unsubscribe it when none
     has (then no event is even built for it). Called at startup and when ``TASKS``
@@ -355,12 +466,12 @@ def install(tasks: Mapping[str, Any] | None = None) -> bool:
     targets = enabled_targets(tasks)
     AGGREGATOR.targets = targets
     handlers = _handlers(AGGREGATOR)
-    for name, handler in handlers.items():
+    for name, handler in [*handlers.items(), *_feature_handlers(AGGREGATOR).items()]:
         events.unsubscribe(handler, name)
     if not targets:
         return False
     AGGREGATOR.flush_interval = min(t.metrics.flush_interval for t in targets.values())
-    for name, handler in handlers.items():
+    for name, handler in [*handlers.items(), *_feature_handlers(AGGREGATOR).items()]:
         events.subscribe(handler, name)
     return True
 

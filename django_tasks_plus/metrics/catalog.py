@@ -7,9 +7,14 @@ them back) and the Prometheus endpoint (which names them).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from .. import events
+from ..limits import METRIC_NAME_MAX_LENGTH
 
 # Counter -> (the events it counts, help text). An event's ``count`` measurement, when it
 # has one (a bulk enqueue, a breaker holding many tasks), adds that many.
@@ -82,3 +87,80 @@ BUCKET_INDEX: dict[str, tuple[str, int]] = {
     for histogram, names in BUCKET_NAMES.items()
     for i, name in enumerate(names)
 }
+
+
+# -- counters the features register ---------------------------------------------------------
+#
+# The built-in counters above are a fixed layout (the aggregator's hot path indexes them).
+# A feature's counter is registered at its start: which of its events it counts, and
+# which of the events' labels (by key) are its own dimensions beside backend, queue
+# and task path. Its stored name carries those labels (``schedule_fired{schedule=nightly}``)
+# in the one metrics table, so a feature adds counters without a migration
+# (docs/development.md, "Metrics of a feature").
+
+_COUNTER_NAME = re.compile(r"[a-z][a-z0-9_]{0,59}")
+_LABEL_VALUE_BAD = re.compile(r"[{}=,\x00]")
+
+
+@dataclass(frozen=True)
+class FeatureCounter:
+    """A feature's counter: ``events`` it counts (by their ``count`` measurement, else
+    one each), ``labels``: the event label keys that are its own dimensions."""
+
+    name: str
+    events: tuple[str, ...]
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def stored_name(self, event_labels: Mapping[str, Any]) -> str:
+        """The name of this counter's row for the labels of one event."""
+        if not self.labels:
+            return self.name
+        pairs = ",".join(
+            f"{label}={_LABEL_VALUE_BAD.sub('_', str(event_labels.get(label, '')))}"
+            for label in self.labels
+        )
+        return f"{self.name}{{{pairs}}}"[:METRIC_NAME_MAX_LENGTH]
+
+
+def split_stored_name(stored: str) -> tuple[str, dict[str, str]]:
+    """``"schedule_fired{schedule=nightly}"`` -> ``("schedule_fired", {"schedule": "nightly"})``."""
+    name, brace, rest = stored.partition("{")
+    if not brace:
+        return stored, {}
+    labels = dict(pair.partition("=")[::2] for pair in rest.rstrip("}").split(",") if pair)
+    return name, labels
+
+
+class FeatureCounters:
+    """The registry of the features' counters (an object with an explicit ``reset``)."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, FeatureCounter] = {}
+        self.by_event: dict[str, tuple[FeatureCounter, ...]] = {}
+
+    def register(self, counter: FeatureCounter) -> FeatureCounter:
+        """Add ``counter``; its events must be known (``events.register_names``)."""
+        if not _COUNTER_NAME.fullmatch(counter.name) or counter.name in COUNTERS:
+            raise ValueError(
+                f"A feature counter's name is lowercase letters, digits and '_' (at most 60) "
+                f"and not a built-in counter's, got {counter.name!r}."
+            )
+        known = self.counters.get(counter.name)
+        if known is not None and known != counter:
+            raise ValueError(f"A different counter named {counter.name!r} is registered.")
+        events.bus.checked(counter.events or ("",))  # raises ValueError naming the unknown
+        self.counters[counter.name] = counter
+        by_event: dict[str, tuple[FeatureCounter, ...]] = {}
+        for registered in self.counters.values():
+            for name in registered.events:
+                by_event[name] = (*by_event.get(name, ()), registered)
+        self.by_event = by_event
+        return counter
+
+    def reset(self) -> None:
+        self.counters = {}
+        self.by_event = {}
+
+
+feature_counters = FeatureCounters()

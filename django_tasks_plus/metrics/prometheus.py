@@ -19,7 +19,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .catalog import COUNTER_NAMES, COUNTERS, HISTOGRAM_NAMES, HISTOGRAMS
+from .catalog import (
+    COUNTER_NAMES,
+    COUNTERS,
+    HISTOGRAM_NAMES,
+    HISTOGRAMS,
+    feature_counters,
+    split_stored_name,
+)
 from .queries import all_time, queue_gauges, workers
 
 PREFIX = "django_tasks_plus"
@@ -42,6 +49,12 @@ class TasksCollector(Collector):
         counters = {
             name: CounterMetricFamily(f"{PREFIX}_{name}", COUNTERS[name][1], labels=LABELS)
             for name in COUNTER_NAMES
+        }
+        features = {
+            name: CounterMetricFamily(
+                f"{PREFIX}_{name}", counter.help, labels=[*LABELS, *counter.labels]
+            )
+            for name, counter in feature_counters.counters.items()
         }
         histograms = {
             kind: HistogramMetricFamily(f"{PREFIX}_{kind}_seconds", HISTOGRAMS[kind], labels=LABELS)
@@ -66,6 +79,11 @@ class TasksCollector(Collector):
                 labels = [backend, queue, task]
                 for name, value in numbers["counters"].items():
                     counters[name].add_metric(labels, value)
+                for stored, value in numbers["features"].items():
+                    name, own = split_stored_name(stored)
+                    counter = feature_counters.counters[name]
+                    own_labels = [own.get(label, "") for label in counter.labels]
+                    features[name].add_metric([*labels, *own_labels], value)
                 for kind in HISTOGRAM_NAMES:
                     found = numbers[kind]
                     histograms[kind].add_metric(labels, found.cumulative(), found.sum)
@@ -78,6 +96,7 @@ class TasksCollector(Collector):
             alive.add_metric([backend, "alive"], live)
             alive.add_metric([backend, "stale"], len(found_workers) - live)
         yield from counters.values()
+        yield from features.values()
         yield from histograms.values()
         yield from gauges.values()
         yield oldest

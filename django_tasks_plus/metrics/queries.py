@@ -19,6 +19,7 @@ from django.utils import timezone
 from .. import compat
 from ..db import metrics as store
 from ..exceptions import InvalidBackendOptions
+from ..liveness import is_stale
 from .catalog import (
     ALL_TIME,
     BUCKET_NAMES,
@@ -26,6 +27,8 @@ from .catalog import (
     COUNTER_NAMES,
     HISTOGRAM_NAMES,
     LE_LABELS,
+    feature_counters,
+    split_stored_name,
     sum_name,
 )
 
@@ -91,8 +94,8 @@ class Histogram:
 
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
-    """A registered worker; ``alive`` while its heartbeat is younger than its backend's
-    visibility timeout (a heartbeat comes every third of it)."""
+    """A registered worker; ``alive`` while its heartbeat is younger than its own
+    visibility timeout (``--visibility-timeout``; a heartbeat comes every third of it)."""
 
     worker_id: str
     hostname: str
@@ -102,6 +105,7 @@ class WorkerStatus:
     started_at: datetime
     last_heartbeat_at: datetime
     alive: bool
+    visibility_timeout: float
 
 
 def _settings(backend: str) -> Any:
@@ -285,7 +289,8 @@ def percentiles(
 
 
 def all_time(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> dict[tuple[str, str], Any]:
-    """``(queue, task path) -> {"counters": {...}, "wait": Histogram, "run": Histogram}``
+    """``(queue, task path) -> {"counters": {...}, "wait": Histogram, "run": Histogram,
+    "features": {stored name: total}}``
     since the beginning (what the Prometheus endpoint serves: totals never go down)."""
     settings = _settings(backend)
     rows = store.sums(settings.database, backend, minute=ALL_TIME)
@@ -299,6 +304,12 @@ def all_time(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> dict[tuple[str
         out[labels] = {
             "counters": {name: values.get(name, 0) for name in COUNTER_NAMES},
             **{kind: _histogram(kind, values) for kind in HISTOGRAM_NAMES},
+            # The features' counters, by stored name (with their own labels).
+            "features": {
+                name: value
+                for name, value in values.items()
+                if split_stored_name(name)[0] in feature_counters.counters
+            },
         }
     return out
 
@@ -309,7 +320,6 @@ def workers(
     """The backend's registered workers, oldest first, each alive or stale."""
     settings = _settings(backend)
     now = now or timezone.now()
-    stale_before = now - timedelta(seconds=settings.visibility_timeout)
     return [
         WorkerStatus(
             worker_id=row.worker_id,
@@ -319,7 +329,8 @@ def workers(
             concurrency=row.concurrency,
             started_at=row.started_at,
             last_heartbeat_at=row.last_heartbeat_at,
-            alive=row.last_heartbeat_at >= stale_before,
+            alive=not is_stale(row.last_heartbeat_at, now, row.visibility_timeout),
+            visibility_timeout=row.visibility_timeout,
         )
         for row in store.worker_rows(settings.database, backend)
     ]

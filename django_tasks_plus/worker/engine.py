@@ -30,16 +30,19 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
-from ..db.store import apply_transition, register_worker, remove_worker
+from ..db.completions import apply_outcome
+from ..db.store import WorkerRegistration, register_worker, remove_worker
+from ..db.unpooled import guard_pooled_sessions, outside_the_pool
+from ..discovery import discover_task_modules
 from ..lifecycle import ClaimedTask, Released
 from .config import WorkerConfig
 from .dbclock import DatabaseClock
 from .doers import Doer, make_doer
 from .execution import TaskRunner
-from .heartbeat import Heartbeat, Lease, WorkerPruner
+from .heartbeat import Heartbeat, Lease
 from .leadership import LeaderElection
-from .metrics_flusher import metrics_services
 from .outcome import outcome_for
+from .plugins import ServiceContext, plugged_services
 from .reaper import reap_expired
 from .reporter import Reporter
 from .services import Service, Services
@@ -100,6 +103,8 @@ class Worker:
     def __init__(self, config: WorkerConfig, clock: Callable[[], datetime] | None = None) -> None:
         self.config = config
         self.backend = cast("DatabaseBackend", task_backends[config.backend_alias])
+        # Every installed app's tasks module, so their definitions' services are known.
+        discover_task_modules(self.backend.settings)
         self.database = self.backend.settings.database
         # The host's clock corrected to the database's, unless a test brings its own.
         self.database_clock = DatabaseClock(self.database) if clock is None else None
@@ -140,23 +145,25 @@ class Worker:
             and self.backend.settings.notify
             and dialect_for(connections[self.database]).supports_notify
         )
+        self.started_at: datetime | None = None  # set by run()
         self.election: LeaderElection | None = None
         self.services = Services(self.build_services())
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> int:
+        # The claim loop's bounded statements run on a session of its own, never one a
+        # task thread could get from a connection pool (db/unpooled.py).
+        guard_pooled_sessions()
+        with outside_the_pool(self.database):
+            return self._run()
+
+    def _run(self) -> int:
         self._install_signal_handlers()
         if self.database_clock is not None:
             self.database_clock.sync()
-        register_worker(
-            self.database,
-            worker_id=self.config.worker_id,
-            backend_name=self.backend.alias,
-            queues=self.config.queues,
-            concurrency=self.config.concurrency,
-            now=self.clock(),
-        )
+        self.started_at = self.clock()
+        self._register(self.started_at)
         abandoned = 0
         up_since = time.monotonic()
         events.emit_worker_started(
@@ -181,25 +188,47 @@ class Worker:
             )
         return 1 if abandoned else 0
 
+    def _register(self, now: datetime) -> None:
+        """Write this worker's row: at start, and from the heartbeat if it was deleted
+        (the same id and start time, so leases and task history still name it)."""
+        register_worker(
+            self.database,
+            WorkerRegistration(
+                worker_id=self.config.worker_id,
+                backend_name=self.backend.alias,
+                queues=tuple(self.config.queues),
+                concurrency=self.config.concurrency,
+                visibility_timeout=self.config.visibility_timeout,
+                started_at=self.started_at or now,
+            ),
+            now,
+        )
+
     def build_services(self) -> list[Service]:
         """The worker's services, in start order (stopped in reverse order).
 
-        Per-worker services run on every worker; ``singleton`` ones only on the elected
-        leader of the backend. A new background duty is one more entry here.
+        Only the engine's own are listed here; features, ``OPTIONS["SERVICES"]`` and task
+        definitions plug theirs in through service factories (``plugins.py``). Per-worker
+        services run on every worker; ``singleton`` ones only on the elected leader.
         """
         config = self.config
+        context = ServiceContext(
+            backend=self.backend,
+            worker_id=config.worker_id,
+            queues=config.queues,
+            clock=self.clock,
+            bound_seconds=config.visibility_timeout,
+            outcome_writer=self.reporter,
+        )
         services: list[Service] = [
-            # First, so it stops last: its final flush follows the reporter's last batch.
-            *metrics_services(
-                self.backend.settings,
-                clock=self.clock,
-                bound_seconds=config.visibility_timeout,
-                after=[self.reporter],
-            ),
+            # First, so they stop last: a final metrics flush follows the reporter's
+            # last batch.
+            *plugged_services(context),
             self.reporter,
             Heartbeat(
                 self.backend,
                 worker_id=config.worker_id,
+                register=self._register,
                 leases=self._lease_snapshot,
                 on_lost=self._on_leases_lost,
                 clock=self.clock,
@@ -209,12 +238,6 @@ class Worker:
         ]
         if self.listening:
             services.append(NotifyListener(self.database, config.queues, self.wakeup))
-        # Singletons: started on this worker only while it leads the backend.
-        services.append(
-            WorkerPruner(
-                self.database, clock=self.clock, visibility_timeout=config.visibility_timeout
-            )
-        )
         if any(service.singleton for service in services):
             self.election = LeaderElection(
                 self.database,
@@ -522,7 +545,7 @@ class Worker:
     def _release(self, task: ClaimedTask) -> None:
         outcome = outcome_for(self.backend, task, Released(), task=None, now=self.clock())
         try:
-            apply_transition(self.database, task, outcome)
+            apply_outcome(self.database, task, outcome)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
 

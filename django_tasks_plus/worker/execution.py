@@ -6,7 +6,9 @@ Nothing a task does can crash the worker: every exception, including ``SystemExi
 it never raises (``lifecycle.describe``). A row that cannot run at all (unknown path,
 corrupt arguments) is dead-lettered with the reason. After every attempt the thread's
 connections are cleaned (``hygiene``): a transaction the task left open is rolled back,
-and the attempt fails with ``TransactionLeaked`` rather than report a lost success.
+and the attempt fails with ``TransactionLeaked`` rather than report a lost success. Before
+the task's code and before each ``task_finished`` send, a connection the server hung up
+on is replaced, so neither runs on a connection already known to be dead.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from ..exceptions import (
     TaskDeferred,
     TaskNotRegistered,
     TaskTimeout,
+    TimeOutOfRange,
     TransactionLeaked,
 )
+from ..finished import send_task_finished
 from ..lifecycle import (
     Aborted,
     ClaimedTask,
@@ -59,10 +63,10 @@ from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
 from ..stored import CorruptJson
-from .hygiene import clean_up_after_attempt, refresh_connections
+from .hygiene import clean_up_after_attempt, replace_lost_connections
 from .outcome import outcome_for
 from .tasklog import describe_outcome
-from .timeouts import AttemptTimer
+from .timeouts import AttemptTimer, interrupted
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
@@ -171,7 +175,8 @@ class TaskRunner:
         except BaseException as exc:  # last line of defence: the worker thread must survive
             logger.exception("Task %s (%s): unexpected worker error", claimed.id, claimed.task_path)
             self._fail_unexpectedly(claimed, exc, started)
-            clean_up_after_attempt()  # the next attempt on this thread starts clean
+            # The next attempt on this thread starts clean.
+            clean_up_after_attempt(interrupted=interrupted())
 
     def _fail_unexpectedly(self, claimed: ClaimedTask, exc: BaseException, began: float) -> None:
         """Record the attempt as failed, by the task's own policy and ordering option,
@@ -207,6 +212,7 @@ class TaskRunner:
             return False
 
     def _run(self, claimed: ClaimedTask, began: float) -> None:
+        replace_lost_connections()  # for task_started's receivers and the task's code
         try:
             task = resolve_task(claimed.task_path)
         except TaskNotRegistered as exc:
@@ -225,7 +231,7 @@ class TaskRunner:
         events.emit_started(claimed, started)
         value, raised = self._call_task(claimed, task, result, args, kwargs, metadata)
         # Before anything else touches this thread's connections (the cancel check below).
-        leaked = clean_up_after_attempt()
+        leaked = clean_up_after_attempt(interrupted=interrupted())
         event, exception = self._classify(claimed, value, raised, leaked)
         return self._settle(claimed, task, result, event, started, began, exception)
 
@@ -302,7 +308,10 @@ class TaskRunner:
             )
         if raised is None:
             if isinstance(value, Hold):
-                return self._held(claimed, value), None
+                try:
+                    return self._held(claimed, value), None
+                except TimeOutOfRange as refused:
+                    return _refused_time(claimed, refused)
             try:
                 return Succeeded(to_json(value, "return value")), None
             except EncodeError as exc:
@@ -312,7 +321,11 @@ class TaskRunner:
                 error.__cause__ = exc
                 return Aborted(error, format_traceback(error)), error
         if isinstance(raised, TaskDeferred):
-            return Deferred(deferred_until(self.clock(), raised.delay, raised.run_after)), None
+            try:
+                when = deferred_until(self.clock(), raised.delay, raised.run_after)
+            except TimeOutOfRange as refused:  # too far by the database's clock: a failure
+                return _refused_time(claimed, refused)
+            return Deferred(when), None
         if isinstance(raised, Abort | Cancelled):
             return Aborted(raised, format_traceback(raised)), raised
         if self._cancel_requested(claimed):
@@ -326,7 +339,9 @@ class TaskRunner:
 
     def _held(self, claimed: ClaimedTask, hold: Hold) -> Postponed:
         """A middleware held the task back: READY again at ``until``, no attempt spent."""
-        until = deferred_until(self.clock(), hold.delay, hold.until)
+        until = deferred_until(
+            self.clock(), hold.delay, hold.until, source=("Hold delay", "Hold until")
+        )
         logger.info(
             "Task %s (%s) held until %s without spending an attempt: %s",
             claimed.id,
@@ -394,27 +409,45 @@ class TaskRunner:
         announce: Callable[[], None] | None,
         landed: bool,
     ) -> None:
-        """Runs on the reporter thread: keep it short, and never raise."""
-        status = outcome.status
-        if landed:
-            if announce is not None:
-                self._announcements.append(announce)
-            events.emit_outcome(claimed, outcome, seconds, self.clock)
-        else:
+        """Runs on the reporter thread: keep it short. Whatever happens, the lease is
+        released (``on_written``), so one task's values cannot stall the worker."""
+        try:
+            status = outcome.status
+            if landed:
+                if announce is not None:
+                    self._announcements.append(announce)
+                events.emit_outcome(claimed, outcome, seconds, self.clock)
+            else:
+                logger.warning(
+                    "Task %s: lease lost (another worker owns it now) or the write was "
+                    "refused; its outcome (%s) is discarded.",
+                    claimed.id,
+                    status,
+                )
+            # A landed hold was logged by _held already, when the middleware answered.
+            if self.log_each_task and (outcome.held_because is None or not landed):
+                logger.info(
+                    "%s%s",
+                    self._outcome_line(claimed, outcome, seconds),
+                    "" if landed else " [result discarded: lease lost]",
+                )
+        finally:
+            self.on_written(claimed)
+
+    def _outcome_line(self, claimed: ClaimedTask, outcome: Transition, seconds: float) -> str:
+        """The ``-v 1`` line; if a value in the outcome cannot be described, a plainer
+        line that says so (the row itself is written either way)."""
+        try:
+            return describe_outcome(claimed, outcome, seconds, self.clock())
+        except Exception as exc:
             logger.warning(
-                "Task %s: lease lost (another worker owns it now) or the write was refused; "
-                "its outcome (%s) is discarded.",
+                "Task %s: its outcome could not be described for the log (%s: %s).",
                 claimed.id,
-                status,
+                exception_path(exc),
+                describe(exc),
             )
-        # A landed hold was logged by _held already, when the middleware answered.
-        if self.log_each_task and (outcome.held_because is None or not landed):
-            logger.info(
-                "%s%s",
-                describe_outcome(claimed, outcome, seconds, self.clock()),
-                "" if landed else " [result discarded: lease lost]",
-            )
-        self.on_written(claimed)
+            head = f"Task {claimed.id} {claimed.task_path}"
+            return f"{head} {outcome.status} (attempt {claimed.attempt})"
 
     def after_batch(self) -> None:
         """Reporter thread, after a batch: send its ``task_finished`` signals on a worker
@@ -426,28 +459,46 @@ class TaskRunner:
 
     def _announce(self, result: compat.TaskResult, exception: BaseException | None) -> None:
         """Send ``task_finished``; re-raise a failure around it so receivers see it."""
-        sender = type(self.backend)
         try:
-            if exception is None:
-                compat.task_finished.send(sender=sender, task_result=result)
-                return
-            try:
-                raise exception
-            except BaseException:
-                compat.task_finished.send(sender=sender, task_result=result)
+            send_task_finished(type(self.backend), result, exception)
         except Exception:
             logger.exception("A task_finished receiver failed for task %s", result.id)
 
 
+def _refused_time(claimed: ClaimedTask, refused: TimeOutOfRange) -> tuple[ClaimEnd, BaseException]:
+    """A deferral or hold whose time is out of range by the worker's clock (the check
+    when it was created uses the host's): that attempt fails with the typed error, and
+    the task's retry policy decides, as for any failure."""
+    logger.warning("Task %s (%s): %s", claimed.id, claimed.task_path, describe(refused))
+    return Failed(refused, format_traceback(refused)), refused
+
+
 def _run_all(jobs: list[Callable[[], None]]) -> None:
-    # The outcomes were written on another connection; this thread's may have gone stale
-    # meanwhile (a database restart): receivers must not all fail on a dead connection.
-    try:
-        refresh_connections()
-    except Exception:
-        logger.exception("Could not refresh the database connection before task_finished")
+    """Send a batch's ``task_finished`` signals, one after the other on this thread.
+
+    Before each send, a connection the server hung up on (a restart, a terminated
+    session) or on which the previous send's query failed is checked and replaced, so no
+    receiver runs on a connection already known to be dead, however long the batch; this
+    costs no query unless there is such a sign. After each send, a transaction a receiver
+    left open is rolled back, so it cannot swallow the writes of what runs next.
+    """
     for job in jobs:
+        try:
+            replace_lost_connections()
+        except Exception:
+            logger.exception("Could not replace a lost database connection before task_finished")
         job()  # each one catches and logs its own failures
+        try:
+            leaked = clean_up_after_attempt()
+        except Exception:
+            logger.exception("Could not clean the database connection after task_finished")
+            continue
+        if leaked:
+            logger.error(
+                "A task_finished receiver left a transaction open on database %s; it was "
+                "rolled back, so the writes made inside it are lost.",
+                ", ".join(map(repr, leaked)),
+            )
 
 
 def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime) -> None:

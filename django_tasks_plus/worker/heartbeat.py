@@ -1,27 +1,27 @@
-"""The worker's background upkeep: renew leases, prove liveness, return expired leases;
-and, on the leader only, forget the rows of workers that died."""
+"""The worker's background upkeep: renew leases, prove liveness (inserting the worker's
+row again if it was deleted meanwhile), return expired leases; and, on the leader only,
+forget the rows of workers that died, each judged by its own visibility timeout."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
 
 from ..db import worker_connection
 from ..db.store import heartbeat_worker, prune_workers, renew_leases
+from ..liveness import STALE_WORKER_FACTOR
 from .reaper import reap_expired
 from .services import LoopService
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
+    from .plugins import ServiceContext
 
 logger = logging.getLogger("django_tasks_plus.worker")
-
-# A worker row silent for this many visibility timeouts belongs to a dead process.
-STALE_WORKER_FACTOR = 10
 
 Lease = tuple[str, str]
 """A held lease: (task id, lease token). A task can be claimed again after its lease was
@@ -30,7 +30,8 @@ lost, so the id alone does not name one attempt."""
 
 class Heartbeat(LoopService):
     """Every ``interval`` seconds: renew in-flight leases in one statement, touch the
-    worker row, and reap leases that other (dead) workers let expire.
+    worker row (``register`` writes it again if the leader deleted it while this process
+    was paused), and reap leases that other (dead) workers let expire.
 
     Renewal comes first in each round, so after a stall (a locked table, a paused
     process) this worker's own live leases are extended before any reaping is done.
@@ -46,6 +47,7 @@ class Heartbeat(LoopService):
         backend: DatabaseBackend,
         *,
         worker_id: str,
+        register: Callable[[datetime], None],
         leases: Callable[[], Iterable[Lease]],
         on_lost: Callable[[set[Lease]], None],
         clock: Callable[[], datetime],
@@ -55,6 +57,7 @@ class Heartbeat(LoopService):
         super().__init__(backend.settings.database)
         self.backend = backend
         self.worker_id = worker_id
+        self.register = register
         self.leases = leases
         self.on_lost = on_lost
         self.clock = clock
@@ -74,7 +77,15 @@ class Heartbeat(LoopService):
                 self.on_lost(lost)
             if self.sync_clock is not None:
                 self.sync_clock()
-            heartbeat_worker(self.database, self.worker_id, self.clock())
+            now = self.clock()
+            if not heartbeat_worker(self.database, self.worker_id, now):
+                self.register(now)
+                logger.warning(
+                    "Worker %s found its row gone (deleted after a silence longer than %d "
+                    "visibility timeouts: was the process paused?); registered it again.",
+                    self.worker_id,
+                    STALE_WORKER_FACTOR,
+                )
             reap_expired(self.backend, self.clock)
         except DatabaseError as exc:
             logger.warning("Heartbeat failed (%s); will retry", exc)
@@ -85,7 +96,8 @@ class Heartbeat(LoopService):
 
 class WorkerPruner(LoopService):
     """Leader only: delete the rows of workers whose heartbeat has been silent for
-    ``STALE_WORKER_FACTOR`` visibility timeouts (crashed or killed processes).
+    ``STALE_WORKER_FACTOR`` of *their own* visibility timeouts (crashed or killed
+    processes); the leader's own timeout only sets how often it looks.
 
     One worker doing this is enough, and deleting the same rows from every worker
     would only contend for them."""
@@ -104,8 +116,17 @@ class WorkerPruner(LoopService):
     def tick(self) -> None:
         try:
             worker_connection(self.database, self.visibility_timeout)
-            silence = timedelta(seconds=self.visibility_timeout) * STALE_WORKER_FACTOR
-            prune_workers(self.database, self.clock() - silence)
+            forgotten = prune_workers(self.database, self.clock())
         except DatabaseError as exc:
             logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
             connections[self.database].close()
+            return
+        if forgotten:
+            logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))
+
+
+def worker_pruner_factory(context: ServiceContext) -> WorkerPruner:
+    """The worker-row pruner's service factory (registered by ``AppConfig.ready``)."""
+    return WorkerPruner(
+        context.database, clock=context.clock, visibility_timeout=context.bound_seconds
+    )

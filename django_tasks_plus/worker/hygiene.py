@@ -1,19 +1,33 @@
-"""Connection hygiene around task attempts: each attempt leaves a clean connection behind.
+"""Connection hygiene on task threads: task code and signal receivers always start on a
+sound connection, and each attempt leaves a clean one behind.
 
 Django's request cycle closes broken connections between requests
 (``close_old_connections``); a worker thread runs task after task on the same
 connections, so it needs the same care, and more: task code can leave a transaction open
-(``transaction.atomic().__enter__()`` without the exit, a timeout landing inside
-``atomic()``, ``set_autocommit(False)``). Left alone, the next task on that thread would
-run inside the leaked transaction, report success, and have its writes vanish; on SQLite
-the open transaction would hold the database's write lock and stall every other writer.
+(``transaction.atomic().__enter__()`` without the exit, ``set_autocommit(False)``, a raw
+``BEGIN``), and an exception raised half-way through Django's own transaction
+bookkeeping (a timeout) can leave Django's record of the connection ("autocommit, no
+transaction") out of step with the driver, which has autocommit off or a transaction
+open. Left alone, the next task on that thread would run inside the leaked transaction,
+report success, and have its writes vanish; on SQLite the open transaction would also
+hold the database's write lock and stall every other writer.
 
-So after every attempt, each connection the thread opened is checked: a leaked
-transaction is rolled back and the connection discarded (the next use reconnects), and
-the attempt that leaked it is told, so it can fail with a clear error instead of
-reporting a success whose writes were lost. A broken connection is closed likewise.
-The connection lifetime setting (``CONN_MAX_AGE``) is not applied here: reconnecting
-after every task would cost more than the tasks themselves.
+So after every attempt each connection the thread opened is checked against Django's
+record *and* the driver's own state (``Dialect.driver_state``: attribute reads, no
+query):
+
+- a transaction left open is rolled back and the connection discarded (the next use
+  reconnects), and the attempt is told, so that it fails with a clear error instead of
+  reporting a success whose writes were lost;
+- a connection whose driver disagrees with Django's record, is mid-query, or was in use
+  when a timeout was raised asynchronously, is discarded: nothing it says can be trusted;
+- a connection on which a query failed is checked (one query) and discarded if dead.
+
+Before task code or a signal receiver runs, a connection the server has hung up on
+(``pg_terminate_backend``, a restart: seen without a round trip, ``Dialect.hung_up``) or
+on which the last query failed is checked and replaced, so no receiver runs on a
+connection already known to be dead. The connection lifetime setting (``CONN_MAX_AGE``)
+is not applied here: reconnecting after every task would cost more than the tasks.
 """
 
 from __future__ import annotations
@@ -24,14 +38,38 @@ import logging
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..db import dialect_for
+from ..db.base import DriverState
+from ..exceptions import UnsupportedDatabase
+
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
-def leaked_transaction(connection: BaseDatabaseWrapper) -> bool:
-    """Whether task code left a transaction (or an ``atomic`` block) open on this thread."""
+def _driver_state(connection: BaseDatabaseWrapper) -> DriverState | None:
+    if connection.connection is None:
+        return None
+    try:
+        return dialect_for(connection).driver_state(connection.connection)
+    except UnsupportedDatabase:  # a task's own alias on another database: flags only
+        return None
+
+
+def leaked_transaction(connection: BaseDatabaseWrapper, state: DriverState | None) -> bool:
+    """Whether a transaction (or an ``atomic`` block) is open on this connection, by
+    Django's record or by the driver's (``state``), whichever says so."""
     if connection.in_atomic_block:
         return True
-    return connection.connection is not None and not connection.get_autocommit()
+    if connection.connection is None:
+        return False
+    if not connection.autocommit:  # not get_autocommit(): that would connect
+        return True
+    return state is not None and state.in_transaction
+
+
+def out_of_step(state: DriverState | None) -> bool:
+    """Whether the driver contradicts Django's "autocommit, no transaction" (autocommit
+    off underneath), or cannot take the next query (mid-query, closed, lost track)."""
+    return state is not None and (not state.autocommit or not state.usable)
 
 
 def discard(connection: BaseDatabaseWrapper) -> None:
@@ -55,25 +93,55 @@ def discard(connection: BaseDatabaseWrapper) -> None:
     connection.errors_occurred = False
 
 
-def clean_up_after_attempt() -> list[str]:
+def clean_up_after_attempt(*, interrupted: bool = False) -> list[str]:
     """Check every connection this thread opened; return the aliases where a transaction
-    was left open (and has now been rolled back and discarded)."""
+    was left open (and has now been rolled back and discarded).
+
+    ``interrupted``: an exception was raised asynchronously in this thread (a timeout), so
+    it may have landed anywhere, even inside the driver or Django's bookkeeping, leaving
+    state no flag shows: every connection is discarded (rare, and a reconnect is cheap).
+    """
     leaked: list[str] = []
     for connection in connections.all(initialized_only=True):
-        if leaked_transaction(connection):
+        state = _driver_state(connection)
+        if leaked_transaction(connection, state):
             leaked.append(connection.alias)
             discard(connection)
-        elif connection.connection is not None and connection.errors_occurred:
+        elif connection.connection is None:
+            connection.errors_occurred = False
+        elif out_of_step(state):
+            logger.warning(
+                "Database %r connection: the driver's transaction state was out of step "
+                "with Django's (autocommit off, or a query still in flight); closed it.",
+                connection.alias,
+            )
+            discard(connection)
+        elif interrupted:
+            discard(connection)
+        elif connection.errors_occurred:
             if not connection.is_usable():
                 discard(connection)
             connection.errors_occurred = False
     return leaked
 
 
-def refresh_connections() -> None:
-    """Close this thread's connections that no longer answer (a database restart), so
-    the next query reconnects instead of failing; one cheap check per connection."""
+def replace_lost_connections() -> None:
+    """Before task code or a signal receiver runs on this thread: replace a connection
+    that the server hung up on, or on which the last query failed, if one query confirms
+    that it is dead. Free when there is no such sign (no query per task)."""
     for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and not connection.is_usable():
-            logger.info("Database %r connection went away; reconnecting.", connection.alias)
-            discard(connection)
+        raw = connection.connection
+        if raw is None or connection.in_atomic_block:
+            continue
+        if connection.errors_occurred or _hung_up(connection, raw):
+            if not connection.is_usable():
+                logger.info("Database %r connection went away; reconnecting.", connection.alias)
+                discard(connection)
+            connection.errors_occurred = False
+
+
+def _hung_up(connection: BaseDatabaseWrapper, raw: object) -> bool:
+    try:
+        return dialect_for(connection).hung_up(raw)
+    except UnsupportedDatabase:
+        return False

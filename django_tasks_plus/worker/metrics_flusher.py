@@ -3,7 +3,9 @@
 The flusher writes what this process counted (``metrics.aggregate``) every
 ``FLUSH_INTERVAL`` seconds in one upsert, and once more after every other service has
 stopped (it is started first, so it stops last and sees the reporter's final outcomes).
-The pruner deletes the per-minute rows past ``RETENTION_DAYS``; the all-time totals stay.
+The pruner deletes the per-minute rows and the flush keys past ``RETENTION_DAYS`` when
+its worker becomes leader and every ``PRUNE_INTERVAL`` seconds after; the all-time totals
+stay.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from django.db import DatabaseError, connections
 
 from ..conf import BackendSettings
 from ..db import worker_connection
-from ..db.metrics import prune_metrics
+from ..db.metrics import prune_flush_keys, prune_metrics
 from ..metrics.aggregate import AGGREGATOR, Aggregator
 from ..metrics.catalog import ALL_TIME
+from .plugins import ServiceContext
 from .services import LoopService, Service
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -84,10 +87,14 @@ class MetricsFlusher(LoopService):
 
 
 class MetricsPruner(LoopService):
-    """The leader: delete the backend's per-minute metrics older than the retention."""
+    """The leader: delete the backend's per-minute metrics and flush keys older than the
+    retention."""
 
     name = "tasks-metrics-pruner"
     singleton = True
+    # As soon as this worker leads: a leader replaced more often than every interval (a
+    # fleet redeployed every few minutes) would otherwise never prune.
+    first_round_at_start = True
 
     def __init__(
         self,
@@ -108,6 +115,7 @@ class MetricsPruner(LoopService):
             worker_connection(self.database, self.bound_seconds)
             before = self.clock() - self.settings.metrics.retention
             deleted = prune_metrics(self.database, self.settings.alias, before, ALL_TIME)
+            prune_flush_keys(self.database, self.settings.alias, before)
         except DatabaseError as exc:
             logger.warning("Pruning old metrics failed (%s); will retry", exc)
             connections[self.database].close()
@@ -137,3 +145,13 @@ def metrics_services(
         ),
         MetricsPruner(settings, clock=clock, bound_seconds=bound_seconds),
     ]
+
+
+def metrics_service_factory(context: ServiceContext) -> list[Service]:
+    """The metrics feature's service factory (registered by ``AppConfig.ready``)."""
+    return metrics_services(
+        context.settings,
+        clock=context.clock,
+        bound_seconds=context.bound_seconds,
+        after=[context.outcome_writer],
+    )

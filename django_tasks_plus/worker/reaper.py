@@ -15,13 +15,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError, IntegrityError
 
 from .. import compat, events
-from ..db.store import apply_transition, expired_tasks
+from ..db.completions import apply_outcome
+from ..db.store import expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
-from ..lifecycle import Aborted, ClaimedTask, ClaimEnd, Failed
+from ..lifecycle import Aborted, ClaimedTask, ClaimEnd, Failed, Transition, unstorable_outcome
 from .outcome import outcome_for
 
 if TYPE_CHECKING:
@@ -33,8 +34,9 @@ logger = logging.getLogger("django_tasks_plus.worker")
 def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit: int = 100) -> int:
     """Settle up to ``limit`` expired leases; return how many this call settled.
 
-    A row that cannot be settled is logged and skipped: one hostile row must not stop
-    the others from being returned. Database errors are the caller's to retry.
+    A row that cannot be settled is logged and skipped, and a row whose outcome the
+    database refuses is dead-lettered alone (``_write``): one hostile row must not stop
+    the others from being returned. Other database errors are the caller's to retry.
     """
     settled = 0
     for claimed in expired_tasks(backend.settings.database, backend.alias, limit):
@@ -45,6 +47,34 @@ def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit:
         except Exception:
             logger.exception("Could not return the expired lease of task %s", claimed.id)
     return settled
+
+
+def _write(
+    backend: DatabaseBackend, claimed: ClaimedTask, outcome: Transition, now: datetime
+) -> Transition | None:
+    """Write the reaper's outcome; the outcome that landed, or None.
+
+    A value the database refuses (``DataError``, ``IntegrityError``) settles this row
+    alone, dead-lettered with ``OutcomeNotStorable`` as the outcome writer does, so it
+    cannot fail every later reaper round; a lost connection is the caller's to retry.
+    """
+    database = backend.settings.database
+    try:
+        landed = apply_outcome(database, claimed, outcome, only_if_expired=True)
+    except (DataError, IntegrityError) as problem:
+        logger.error(
+            "Task %s: the outcome of its expired lease cannot be stored (%s); "
+            "dead-lettering it instead.",
+            claimed.id,
+            type(problem).__name__,
+        )
+        outcome = unstorable_outcome(claimed, outcome, problem, now=now)
+        try:
+            landed = apply_outcome(database, claimed, outcome, only_if_expired=True)
+        except (DataError, IntegrityError):
+            logger.exception("Task %s: could not record the failure either", claimed.id)
+            return None
+    return outcome if landed else None
 
 
 def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool:
@@ -61,8 +91,9 @@ def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool
     except TaskNotRegistered as exc:
         task = None
         event = Aborted(exc, reason=str(exc))
-    outcome = outcome_for(backend, claimed, event, task=task, now=now)
-    if not apply_transition(backend.settings.database, claimed, outcome, only_if_expired=True):
+    intended = outcome_for(backend, claimed, event, task=task, now=now)
+    outcome = _write(backend, claimed, intended, now)
+    if outcome is None:
         return False
     events.emit_reaped(claimed, outcome, now)
     logger.warning(

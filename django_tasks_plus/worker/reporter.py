@@ -5,7 +5,10 @@ whatever has accumulated in one transaction. Under load many outcomes share one 
 when idle a lone outcome is written at once, so latency stays low. Each outcome comes
 with a callback, called on this thread once the batch is written with whether its row
 landed (False when the lease was lost or the write failed); ``after_batch`` runs after
-each batch's callbacks, so follow-up work can be handed on once per batch.
+each batch's callbacks, so follow-up work can be handed on once per batch. A row the
+database refuses is settled alone (dead-lettered with ``OutcomeNotStorable``), and a
+callback that raises is logged with its task's id: nothing one task holds can end this
+thread.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import InterfaceError, OperationalError, connections
@@ -22,6 +26,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .. import events
 from ..db import worker_connection
 from ..db.completions import apply_transitions
+from ..db.unpooled import outside_the_pool
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -31,11 +36,39 @@ _STOP = object()
 
 
 Written = Callable[[bool], None]
-"""Called with whether the outcome's row landed; must be quick and must not raise."""
+"""Called with whether the outcome's row landed; must be quick, and should not raise (if
+it does, the error is logged with the task's id and the reporter goes on)."""
 
 # A lost connection (or a statement bounded by the worker's timeouts): worth retrying
 # the whole batch. Anything else is about the batch's content: find the row it is in.
 _TRANSIENT = (OperationalError, InterfaceError)
+
+
+@dataclass(eq=False)
+class _Submitted:
+    """One outcome waiting to be written, and whether its submitter has been told."""
+
+    claimed: ClaimedTask
+    outcome: Transition
+    written: Written
+    settled: bool = False
+
+    def settle(self, landed: bool) -> None:
+        """Tell the submitter once whether the row landed, never raising: one task's
+        follow-up (its log line, its events) must not end the thread that writes every
+        task's outcome."""
+        if self.settled:
+            return
+        self.settled = True
+        try:
+            self.written(landed)
+        except BaseException:  # even SystemExit from a task's value: this thread goes on
+            logger.exception(
+                "Task %s: the follow-up of its outcome (%s, %s) failed; the writer goes on.",
+                self.claimed.id,
+                self.outcome.status,
+                "written" if landed else "not written",
+            )
 
 
 class Reporter(threading.Thread):
@@ -56,12 +89,16 @@ class Reporter(threading.Thread):
 
     def submit(self, claimed: ClaimedTask, outcome: Transition, written: Written) -> None:
         """Queue one outcome; ``written`` is called once it is written (or refused)."""
-        self._inbox.put((claimed, outcome, written))
+        self._inbox.put(_Submitted(claimed, outcome, written))
 
     def stop(self) -> None:
         self._inbox.put(_STOP)
 
     def run(self) -> None:
+        with outside_the_pool(self.database):
+            self._serve()
+
+    def _serve(self) -> None:
         try:
             while True:
                 item = self._inbox.get()
@@ -78,24 +115,43 @@ class Reporter(threading.Thread):
                         stopping = True
                         break
                     batch.append(more)
-                self._flush(batch)
-                if self.after_batch is not None:
-                    self.after_batch()
+                self._write_batch(batch)
                 if stopping:
                     return
         finally:
             connections[self.database].close()
 
+    def _write_batch(self, batch: list[_Submitted]) -> None:
+        """Write one batch and run its follow-ups; whatever goes wrong is logged and the
+        thread goes on to the next batch (a bookkeeping thread never dies of one task)."""
+        try:
+            self._flush(batch)
+        except BaseException:
+            logger.exception(
+                "Writing %d outcome(s) failed unexpectedly (tasks %s); those not written "
+                "will be retried when their leases expire.",
+                len(batch),
+                ", ".join(item.claimed.id for item in batch[:10]),
+            )
+            connections[self.database].close()
+        for item in batch:
+            item.settle(False)  # only those the flush could not settle
+        if self.after_batch is not None:
+            try:
+                self.after_batch()
+            except BaseException:
+                logger.exception("Handing on the follow-ups of a batch of outcomes failed")
+
     def _write(self, completions: list[tuple[ClaimedTask, Transition]]) -> list[bool]:
         worker_connection(self.database, self.persist_deadline)
         return apply_transitions(self.database, completions)
 
-    def _flush(self, batch: list) -> None:
+    def _flush(self, batch: list[_Submitted]) -> None:
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
         while True:
             try:
-                landed = self._write([(claimed, outcome) for claimed, outcome, _ in batch])
+                landed = self._write([(item.claimed, item.outcome) for item in batch])
             except _TRANSIENT as exc:
                 connections[self.database].close()
                 if time.monotonic() + delay > deadline:
@@ -121,12 +177,13 @@ class Reporter(threading.Thread):
                 )
                 self._flush_one_by_one(batch)
                 return
-            for (_, _, written), ok in zip(batch, landed, strict=True):
-                written(ok)
+            for item, ok in zip(batch, landed, strict=True):
+                item.settle(ok)
             return
 
-    def _flush_one_by_one(self, batch: list) -> None:
-        for claimed, outcome, written in batch:
+    def _flush_one_by_one(self, batch: list[_Submitted]) -> None:
+        for item in batch:
+            claimed, outcome = item.claimed, item.outcome
             try:
                 [ok] = self._write([(claimed, outcome)])
             except _TRANSIENT:
@@ -136,7 +193,7 @@ class Reporter(threading.Thread):
             except Exception as exc:
                 self._record_unstorable(claimed, outcome, exc)
                 ok = False  # the intended outcome did not land: nothing is announced for it
-            written(ok)
+            item.settle(ok)
 
     def _record_unstorable(self, claimed: ClaimedTask, outcome: Transition, exc: Exception) -> bool:
         """Dead-letter the task with ``OutcomeNotStorable`` in place of an outcome the

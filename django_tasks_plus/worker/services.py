@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 from django.db import connections
 
+from ..db.unpooled import outside_the_pool
+
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
@@ -50,7 +52,8 @@ class ThreadService:
     """A service running ``serve()`` on a daemon thread of its own; restartable.
 
     ``serve()`` returns once ``self.stopping`` is set. The thread's Django connection to
-    ``database`` is closed when it ends, so a stopped service leaves no session open.
+    ``database`` is its own, outside any connection pool (``db/unpooled.py``), and is
+    closed when the thread ends, so a stopped service leaves no session open.
     """
 
     name = "tasks-service"
@@ -79,10 +82,11 @@ class ThreadService:
         return self._thread is not None and self._thread.is_alive()
 
     def _main(self) -> None:
-        try:
-            self.serve()
-        finally:
-            connections[self.database].close()
+        with outside_the_pool(self.database):
+            try:
+                self.serve()
+            finally:
+                connections[self.database].close()
 
     def serve(self) -> None:
         raise NotImplementedError
@@ -96,13 +100,20 @@ class LoopService(ThreadService):
     """
 
     interval: float = 1.0
+    first_round_at_start: bool = False
+    """True: the first round runs as soon as the service starts, not one interval later."""
 
     def serve(self) -> None:
+        if self.first_round_at_start:
+            self._round()
         while not self.stopping.wait(self.interval):
-            try:
-                self.tick()
-            except BaseException:
-                logger.exception("%s: a round failed unexpectedly; will retry", self.name)
+            self._round()
+
+    def _round(self) -> None:
+        try:
+            self.tick()
+        except BaseException:
+            logger.exception("%s: a round failed unexpectedly; will retry", self.name)
 
     def tick(self) -> None:
         raise NotImplementedError

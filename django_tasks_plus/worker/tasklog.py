@@ -20,9 +20,15 @@ MAX_MESSAGE = 300
 
 
 def _clock(moment: datetime, now: datetime) -> str:
-    """The wall time of ``moment`` in the project's time zone; with the date when not today."""
-    local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
-    today = timezone.localtime(now).date() if timezone.is_aware(now) else now.date()
+    """The wall time of ``moment`` in the project's time zone; with the date when not today.
+
+    A moment the local time zone cannot show (near ``datetime.max``, east of UTC) is
+    shown as stored, in ISO form, rather than fail the line."""
+    try:
+        local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
+        today = timezone.localtime(now).date() if timezone.is_aware(now) else now.date()
+    except (OverflowError, ValueError):
+        return moment.isoformat()
     return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
 
 

@@ -9,15 +9,20 @@ Configuration comes from environment variables only (no ``.env`` file is read):
 ``TEST_SQLITE_NAME`` SQLite test database file (default ``testproject/test_db.sqlite3``)
 ``TASKS_LOG_LEVEL``  level of the ``django_tasks_plus`` logger (default ``INFO``)
 ``TASKS_METRICS``    ``false`` turns OPTIONS["METRICS"] off (default ``true``)
+``DTP_DB_POOL``      ``true`` puts a PostgreSQL database behind Django's connection pool
+                     (``OPTIONS["pool"]``; the ``pgpool`` test environment)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
                      startup (default: see ``_task_modules_outside_apps``)
+``DTP_TEST_DB_PREFIX`` prefix of the PostgreSQL test database's name (default none)
 """
 
+import re
 import sys
 from pathlib import Path
 
 import django
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 # The folder holding manage.py.
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -39,6 +44,20 @@ DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
 
+# DTP_TEST_DB_PREFIX prefixes the PostgreSQL *test* database's name ("test_" + NAME by
+# default), so that two checkouts testing against one server never share (and drop) each
+# other's test databases (docs/development.md).
+TEST_DB_PREFIX = env.str("DTP_TEST_DB_PREFIX", default="")
+if TEST_DB_PREFIX and DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,30}", TEST_DB_PREFIX):
+        raise ImproperlyConfigured(
+            f"DTP_TEST_DB_PREFIX={TEST_DB_PREFIX!r}: use 1 to 30 letters, digits or underscores."
+        )
+    DATABASES["default"]["TEST"] = {
+        **DATABASES["default"].get("TEST", {}),
+        "NAME": f"{TEST_DB_PREFIX}test_{DATABASES['default']['NAME']}",
+    }
+
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets readers proceed while a worker holds the write lock; IMMEDIATE
@@ -52,6 +71,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # test database is always a file, never in-memory.
     DATABASES["default"]["TEST"] = {
         "NAME": env.str("TEST_SQLITE_NAME", default=str(BASE_DIR / "test_db.sqlite3")),
+    }
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.bool(
+    "DTP_DB_POOL", default=False
+):
+    # Django's connection pool (psycopg_pool): a task thread takes a pooled session that
+    # other threads used before it. Large enough for every worker a test starts in this
+    # process; min_size 1 so that a returned session is the next one handed out.
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "pool": {"min_size": 1, "max_size": 40, "timeout": 20},
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -2,8 +2,11 @@
 
 ``breakers`` (or ``breakers list``) prints every stored circuit of the backend;
 ``breakers close KEY`` and ``breakers open KEY`` set one by hand (``--name`` picks the
-breaker, ``default`` unless given). Built on ``circuits.breaker_states``,
-``force_close`` and ``force_open``, which Python code can call as well.
+breaker, ``default`` unless given). Closing a circuit that is not stored, or opening one
+under a breaker name nothing uses (without ``--create``), is refused: a mistyped name
+would otherwise leave the real circuit as it was and report success. Built on
+``circuits.breaker_states``, ``force_close`` and ``force_open``, which Python code can
+call as well.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from django.db import DatabaseError
 
 from ...circuits import BreakerStatus, breaker_states, force_close, force_open
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS
+from ...exceptions import CircuitNotFound, UnknownBreaker
 from ...limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
 from ..base import BackendCommand
 
@@ -100,6 +104,12 @@ class Command(BackendCommand):
             default="default",
             help="The breaker's name, Breaker(name=...) (default: 'default').",
         )
+        parser.add_argument(
+            "--create",
+            action="store_true",
+            help="open only: open the circuit even though no stored circuit, waiting task "
+            "or loaded Breaker uses --name (without it, such a name is refused as a typo).",
+        )
         parser.add_argument("--backend", default=DEFAULT_TASK_BACKEND_ALIAS, help="TASKS alias.")
         parser.add_argument(
             "--json", action="store_true", help="Print JSON (times in ISO 8601) instead of text."
@@ -126,7 +136,13 @@ class Command(BackendCommand):
             problem = key_problem(key)
             if problem:
                 raise CommandError(f"KEY {problem}, got {key!r}.")
-            self._force(action, backend, name, key, as_json=options["json"])
+            if options["create"] and action != "open":
+                raise CommandError("--create applies to breakers open only.")
+            self._force(
+                action, backend, name, key, create=options["create"], as_json=options["json"]
+            )
+        except (CircuitNotFound, UnknownBreaker) as exc:
+            raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             raise CommandError(f"The database refused: {exc}") from exc
 
@@ -151,13 +167,15 @@ class Command(BackendCommand):
                     f"({status.problem}); workers treat it as closed."
                 )
 
-    def _force(self, action: str, backend: str, name: str, key: str, *, as_json: bool) -> None:
+    def _force(
+        self, action: str, backend: str, name: str, key: str, *, create: bool, as_json: bool
+    ) -> None:
         if action == "close":
             released = force_close(key, name=name, backend=backend)
             text = f"Circuit {name}/{key} closed; {released} held task(s) released."
         else:
             released = 0
-            force_open(key, name=name, backend=backend)
+            force_open(key, name=name, backend=backend, create=create)
             text = f"Circuit {name}/{key} opened; its tasks are held from their next claim on."
         if as_json:
             state = "closed" if action == "close" else "open"

@@ -22,7 +22,7 @@ class Command(SelectingCommand):
         "by id or by filter; --dry-run shows what matches."
     )
     verb = "cancel"
-    statuses = (TaskResultStatus.READY, TaskResultStatus.RUNNING)
+    statuses = (TaskResultStatus.READY.value, TaskResultStatus.RUNNING.value)
 
     def act(self, backend: DatabaseBackend, row: Row) -> str:
         outcome = backend.cancel(row.id)

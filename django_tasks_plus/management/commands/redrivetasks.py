@@ -21,7 +21,7 @@ class Command(SelectingCommand):
         "keeping their history. Select them by id or by filter; --dry-run shows what matches."
     )
     verb = "redrive"
-    statuses = (TaskResultStatus.FAILED,)
+    statuses = (TaskResultStatus.FAILED.value,)
 
     def act(self, backend: DatabaseBackend, row: Row) -> str:
         if backend.redrive(row.id):

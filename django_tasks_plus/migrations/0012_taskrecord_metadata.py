@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_tasks_plus', '0008_task_list_index'),
+        ('django_tasks_plus', '0011_metric_feature_labels'),
     ]
 
     operations = [
