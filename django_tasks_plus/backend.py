@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -18,12 +17,21 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from . import compat, events
+from .codec import DecodeError
 from .conf import BackendSettings, parse_settings, queue_name_problem
 from .db import UnsupportedDatabase, dialect_for
-from .definition import Task, resolve_task, validate_task_options
-from .envelope import Envelope, build_envelopes
+from .definition import Task, resolve_task, task_enqueue_middleware, validate_task_options
+from .envelope import (
+    EnqueueHandler,
+    Envelope,
+    after_middleware,
+    build,
+    build_enqueue_chain,
+    rows,
+)
 from .exceptions import (
     Cancelled,
+    CorruptTaskRecord,
     DatabaseUnavailable,
     InvalidBackendOptions,
     InvalidTaskArguments,
@@ -34,6 +42,7 @@ from .exceptions import (
 from .extensions import load_service_factories
 from .finished import send_task_finished
 from .lifecycle import error_record
+from .metadata import decode_metadata, run_keys
 from .results import clone_result, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
 
@@ -68,6 +77,8 @@ class DatabaseBackend(compat.BaseTaskBackend):
         super().__init__(alias, params)
         self.settings: BackendSettings = parse_settings(alias, params)
         self.queues = set(self.settings.queues)
+        # Each task's enqueue middleware chain, by (path, its own entries): built once.
+        self._enqueue_chains: dict[tuple[str, tuple[Any, ...]], EnqueueHandler] = {}
         # Service factories the backend's task definitions asked for (``services=``),
         # each once, in definition order: every worker of this backend runs them.
         self.task_services: dict[int, Any] = {}
@@ -122,38 +133,75 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
         With a ``dedup_key`` the key governs the whole batch: if it is held, nothing is
         inserted and the results of the tasks holding it are returned instead.
+
+        The pipeline (``envelope.py``): validate → build → middleware → write → results.
         """
         self.validate_task(task)
         self._require_app()
-        now = timezone.now()
-        envelopes = build_envelopes(
+        envelope = build(
             self.settings,
             task,
             (_split_call(call, index) for index, call in enumerate(calls)),
-            now=now,
+            now=timezone.now(),
         )
-        if not envelopes:
+        if not envelope.calls:
             return []
+        chain = self._enqueue_chain(task)
+        if chain is None:
+            return self._write(envelope)
+        results = chain(envelope)
+        if type(results) is not list:
+            raise TypeError(
+                f"The enqueue middleware of {task.module_path} returned {results!r}, not the "
+                "list of results call_next returned."
+            )
+        return results
+
+    def _enqueue_chain(self, task: compat.Task) -> EnqueueHandler | None:
+        """The backend's enqueue middleware, then the task's own, around the write step;
+        None (no chain at all) in the common case. Built once per task definition."""
+        own = getattr(task, "enqueue_middleware", ())
+        if not own and not self.settings.enqueue_middleware:
+            return None
+        key = (task.module_path, own)
+        try:
+            chain = self._enqueue_chains.get(key)
+            cacheable = True
+        except TypeError:  # an unhashable entry: build the chain each time
+            chain, cacheable = None, False
+        if chain is None:
+            middlewares = self.settings.enqueue_middleware + task_enqueue_middleware(task)
+            chain = build_enqueue_chain(middlewares, partial(self._write_from_chain, task))
+            if cacheable:
+                self._enqueue_chains[key] = chain
+        return chain
+
+    def _write_from_chain(self, task: compat.Task, envelope: Any) -> list[compat.TaskResult]:
+        return self._write(after_middleware(task, envelope))
+
+    def _write(self, envelope: Envelope) -> list[compat.TaskResult]:
+        """The write step, then the results: dedup key, queue depth, INSERT, all in the
+        caller's transaction (a batch or a dedup key opens one of its own, nested)."""
+        task = envelope.task
+        values = rows(self.settings, envelope)
         database = self.settings.database
         connection = connections[database]
         try:
             # One task without a dedup key is one INSERT statement, atomic by itself: no
             # BEGIN/COMMIT round trips around it in autocommit mode.
-            single_statement = len(envelopes) == 1 and getattr(task, "dedup_key", None) is None
+            single_statement = len(values) == 1 and getattr(task, "dedup_key", None) is None
             with nullcontext() if single_statement else transaction.atomic(using=database):
-                held_by = self._take_dedup_key(connection, task, envelopes, now)
+                held_by = self._take_dedup_key(connection, envelope)
                 if held_by is not None:
                     if events.listened(events.TASK_DEDUPLICATED):
                         emit = partial(
-                            events.emit_deduplicated, self.alias, task, len(envelopes), held_by
+                            events.emit_deduplicated, self.alias, task, len(values), held_by
                         )
                         transaction.on_commit(emit, using=database)
                     return [self.get_result(task_id) for task_id in held_by]
-                self._check_depth(envelopes)
+                self._check_depth(values[0]["queue_name"], len(values))
                 dialect_for(connection).insert_tasks(
-                    connection,
-                    [envelope.values for envelope in envelopes],
-                    notify=self.settings.notify,
+                    connection, values, notify=self.settings.notify
                 )
         except DatabaseError as exc:
             if not _connection_lost(connection, exc):
@@ -161,7 +209,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
             raise DatabaseUnavailable(
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
             ) from exc
-        results = self._new_results(task, envelopes, now)
+        results = self._new_results(envelope, values[0]["queue_name"])
         # Listeners hear of the tasks only once they exist for everyone else too.
         transaction.on_commit(partial(self._announce_enqueued, results), using=database)
         return results
@@ -176,80 +224,64 @@ class DatabaseBackend(compat.BaseTaskBackend):
     ) -> list[compat.TaskResult]:
         return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, list(calls))
 
-    def _take_dedup_key(
-        self, connection: Any, task: compat.Task, envelopes: Sequence[Envelope], now: datetime
-    ) -> list[str] | None:
+    def _take_dedup_key(self, connection: Any, envelope: Envelope) -> list[str] | None:
+        task = envelope.task
         key = getattr(task, "dedup_key", None)
         if key is None:
             return None
         from .db.dedup import take_key  # imports the models: not at module import
 
+        now = envelope.enqueued_at
         ttl = getattr(task, "dedup_ttl", None) or self.settings.dedup_ttl
         return take_key(
             connection,
             backend_name=self.alias,
             key=key,
-            task_ids=[str(envelope.id) for envelope in envelopes],
+            task_ids=[call.id for call in envelope.calls],
             now=now,
             expires_at=now + ttl,
             until_finished=getattr(task, "dedup_until", "ttl") == "finished",
         )
 
-    def _check_depth(self, envelopes: Sequence[Envelope]) -> None:
+    def _check_depth(self, queue: str, count: int) -> None:
         """Refuse the batch if it would overfill a queue with a ``max_depth``."""
+        limit = self.settings.max_depths.get(queue)
+        if limit is None:
+            return
         from .db.store import ready_depth
 
-        adding: dict[str, int] = {}
-        for envelope in envelopes:
-            adding[envelope.queue_name] = adding.get(envelope.queue_name, 0) + 1
-        for queue, count in adding.items():
-            limit = self.settings.max_depths.get(queue)
-            if limit is None:
-                continue
-            depth = ready_depth(self.settings.database, self.alias, queue, limit)
-            if depth + count > limit:
-                raise QueueFull(
-                    f"Queue {queue!r} holds {depth:,} READY task(s); adding {count:,} would "
-                    f"exceed its max_depth of {limit:,}.",
-                    queue_name=queue,
-                    limit=limit,
-                    depth=depth,
-                )
-
-    def _new_results(
-        self, task: compat.Task, envelopes: Sequence[Envelope], now: datetime
-    ) -> list[compat.TaskResult]:
-        """One READY result per envelope; all rows of a batch share task, queue and times."""
-        first = self._new_result(task, envelopes[0], now)
-        return [first] + [
-            clone_result(
-                first,
-                id=str(envelope.id),
-                args=envelope.shown_args,
-                kwargs=envelope.shown_kwargs,
+        depth = ready_depth(self.settings.database, self.alias, queue, limit)
+        if depth + count > limit:
+            raise QueueFull(
+                f"Queue {queue!r} holds {depth:,} READY task(s); adding {count:,} would "
+                f"exceed its max_depth of {limit:,}.",
+                queue_name=queue,
+                limit=limit,
+                depth=depth,
             )
-            for envelope in envelopes[1:]
-        ]
 
-    def _new_result(
-        self, task: compat.Task, envelope: Envelope, now: datetime
-    ) -> compat.TaskResult:
-        values = envelope.values
-        stored_task = task
-        if values["queue_name"] != task.queue_name:
-            stored_task = dataclasses.replace(task, queue_name=values["queue_name"])
-        return make_result(
-            stored_task,
-            id=str(envelope.id),
+    def _new_results(self, envelope: Envelope, queue: str) -> list[compat.TaskResult]:
+        """One READY result per call; all rows of a batch share task, queue and times."""
+        task = envelope.task
+        if queue != task.queue_name:
+            task = dataclasses.replace(task, queue_name=queue)
+        calls = envelope.calls
+        first = make_result(
+            task,
+            id=calls[0].id,
             status=compat.TaskResultStatus.READY,
             backend=self.alias,
-            args=envelope.shown_args,
-            kwargs=envelope.shown_kwargs,
-            enqueued_at=now,
+            args=calls[0].shown_args,
+            kwargs=calls[0].shown_kwargs,
+            enqueued_at=envelope.enqueued_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
         )
+        return [first] + [
+            clone_result(first, id=call.id, args=call.shown_args, kwargs=call.shown_kwargs)
+            for call in calls[1:]
+        ]
 
     # -- results ------------------------------------------------------------------------
 
@@ -264,14 +296,36 @@ class DatabaseBackend(compat.BaseTaskBackend):
             ) from exc
         return result_from_record(task, record)
 
+    def get_metadata(self, result_id: str) -> Mapping[str, Any]:
+        """The task's metadata, decoded (``django_tasks_plus.get_metadata``): one read of
+        one column by primary key."""
+        self._require_app()
+        from .models import TaskRecord
+
+        pk = _task_pk(result_id)
+        rows = TaskRecord.objects.using(self.settings.database).filter(
+            pk=pk, backend_name=self.alias
+        )
+        try:
+            found = list(rows.values_list("metadata", flat=True)[:1])
+        except RecursionError:  # a JSON column too deep for Python's parser
+            raise unreadable_record(self.settings.database, str(pk)) from None
+        if not found:
+            raise compat.TaskResultDoesNotExist(result_id)
+        try:
+            return decode_metadata(found[0])
+        except DecodeError as exc:
+            raise CorruptTaskRecord(
+                f"Task {pk}: the stored {exc} The row is left as it is; fix or discard it.",
+                task_id=str(pk),
+                column="metadata",
+            ) from exc
+
     def _record(self, result_id: str) -> Any:
         self._require_app()
         from .models import TaskRecord  # not at import: keeps check E001 reachable
 
-        try:
-            pk = uuid.UUID(str(result_id))
-        except ValueError as exc:
-            raise compat.TaskResultDoesNotExist(result_id) from exc
+        pk = _task_pk(result_id)
         try:
             return TaskRecord.objects.using(self.settings.database).get(
                 pk=pk, backend_name=self.alias
@@ -323,7 +377,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import redrive
 
         record = self._record(result_id)
-        if not redrive(self.settings.database, str(record.pk), timezone.now()):
+        clear = run_keys()  # per-run metadata ends with the run
+        if not redrive(
+            self.settings.database, str(record.pk), timezone.now(), clear_metadata=clear
+        ):
             return False
         self._event_on_commit(events.TASK_REDRIVEN, record)
         return True
@@ -424,6 +481,14 @@ def _connection_lost(connection: Any, exc: DatabaseError) -> bool:
         return True
     raw = connection.connection
     return raw is None or bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
+
+
+def _task_pk(result_id: str) -> uuid.UUID:
+    """A result id as the row's primary key; anything else names no task."""
+    try:
+        return uuid.UUID(str(result_id))
+    except ValueError as exc:
+        raise compat.TaskResultDoesNotExist(result_id) from exc
 
 
 def _split_call(call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]]:

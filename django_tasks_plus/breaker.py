@@ -278,7 +278,7 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
+class Wait:
     """Do not run the task; it is READY again at ``until``. ``park_until``: hold the
     key's other READY tasks until then too (once per value: see ``Circuit.parked_until``)."""
 
@@ -294,7 +294,7 @@ class Drop:
     held_since: datetime
 
 
-Decision = Run | Hold | Drop
+Decision = Run | Wait | Drop
 
 
 def decide(
@@ -316,7 +316,7 @@ def decide(
         probe_at = opened_at + breaker.recovery
         if now < probe_at:
             until = min(probe_at, deadline)
-            return Hold(until, f"circuit open until {probe_at.isoformat()}", probe_at), circuit
+            return Wait(until, f"circuit open until {probe_at.isoformat()}", probe_at), circuit
         return Run(probe=True), _probing(circuit, task_id, now)
     # Half-open: one probe at a time; a probe silent for the recovery delay is stale.
     if circuit.probe_task_id == task_id:
@@ -329,7 +329,7 @@ def decide(
     # long as the probe runs. The probe's end releases the park, this task with it.
     stale_at = started + breaker.recovery
     reason = f"circuit half-open: waiting for probe {circuit.probe_task_id}"
-    return Hold(min(stale_at, deadline), reason, stale_at), circuit
+    return Wait(min(stale_at, deadline), reason, stale_at), circuit
 
 
 def _probing(circuit: Circuit, task_id: str, now: datetime) -> Circuit:

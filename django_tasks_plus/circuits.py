@@ -40,9 +40,9 @@ from .breaker import (
     CorruptCircuit,
     Drop,
     DroppedTask,
-    Hold,
     Run,
     State,
+    Wait,
     check_key,
     check_name,
     decide,
@@ -58,8 +58,7 @@ from .breaker import (
 )
 from .db import breakers as store
 from .exceptions import BreakerHeldTooLong, CircuitNotFound, InvalidBackendOptions, UnknownBreaker
-from .middleware import Attempt, Handler, Middleware
-from .middleware import Hold as HoldTask
+from .middleware import Attempt, Handler, Hold, Middleware
 
 logger = logging.getLogger("django_tasks_plus.breakers")
 # How often a closing probe looks whether the holds decided just before it are written.
@@ -118,10 +117,8 @@ def _guarded(breaker: Breaker, where: _Key, attempt: Attempt, call_next: Handler
     probe = False
     if before.state is not State.CLOSED:
         decision, before = _decide(breaker, where, attempt)
-        if isinstance(decision, Hold):
-            return HoldTask(
-                until=decision.until, reason=f"breaker {where.scoped}: {decision.reason}"
-            )
+        if isinstance(decision, Wait):
+            return Hold(until=decision.until, reason=f"breaker {where.scoped}: {decision.reason}")
         if isinstance(decision, Drop):
             raise _dropped(breaker, where, attempt, decision)
         probe = decision.probe
@@ -133,7 +130,7 @@ def _guarded(breaker: Breaker, where: _Key, attempt: Attempt, call_next: Handler
         elif probe:
             _record(breaker, where, attempt, "neutral")
         raise
-    if isinstance(value, HoldTask):  # an inner middleware held it: the host was not tried
+    if isinstance(value, Hold):  # an inner middleware held it: the host was not tried
         if probe:
             _record(breaker, where, attempt, "neutral")
     elif probe or before.failures:
@@ -162,7 +159,7 @@ def _read(where: _Key) -> Circuit:
     return _parse(where, store.stored_circuit(where.database, where.backend, where.name, where.key))
 
 
-def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Hold | Drop, Circuit]:
+def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Wait | Drop, Circuit]:
     """Decide under the row lock; then announce a change and hold the key's other tasks."""
     with transaction.atomic(using=where.database):
         now = store.database_now(where.database)
@@ -173,7 +170,7 @@ def _decide(breaker: Breaker, where: _Key, attempt: Attempt) -> tuple[Run | Hold
         )
         park = None
         parked = 0
-        target = decision.park_until if isinstance(decision, Hold) else None
+        target = decision.park_until if isinstance(decision, Wait) else None
         if target is not None and (after.parked_until is None or after.parked_until < target):
             park = target
             after = replace(after, parked_until=park)

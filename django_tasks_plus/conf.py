@@ -43,6 +43,8 @@ _DEFAULTS: dict[str, Any] = {
     "QUEUE_RESOLUTION": "strict",
     # Execution middleware factories (or dotted paths), outermost first: docs/middleware.md.
     "MIDDLEWARE": (),
+    # Enqueue middleware factories (or dotted paths), outermost first: docs/middleware.md.
+    "ENQUEUE_MIDDLEWARE": (),
     # Counters and histograms per queue and task path (docs/metrics.md); {} = the defaults
     # below, and a dict given sets only the keys it names.
     "METRICS": {},
@@ -106,6 +108,7 @@ class BackendSettings:
     max_payload_bytes: int | None = _DEFAULTS["MAX_PAYLOAD_BYTES"]
     queue_resolution: str = _DEFAULTS["QUEUE_RESOLUTION"]
     middleware: tuple[Middleware, ...] = _DEFAULTS["MIDDLEWARE"]  # resolved factories
+    enqueue_middleware: tuple[Any, ...] = _DEFAULTS["ENQUEUE_MIDDLEWARE"]  # resolved
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     services: tuple[Any, ...] = _DEFAULTS["SERVICES"]  # resolved factories
     autodiscover: bool = _DEFAULTS["AUTODISCOVER"]
@@ -289,6 +292,9 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         max_payload_bytes=max_payload,
         queue_resolution=resolution,
         middleware=_middleware(alias, merged["MIDDLEWARE"]),
+        enqueue_middleware=_middleware(
+            alias, merged["ENQUEUE_MIDDLEWARE"], key="ENQUEUE_MIDDLEWARE", handles="the envelope"
+        ),
         metrics=metrics_settings(alias, merged["METRICS"]),
         services=_services(alias, merged["SERVICES"]),
         autodiscover=autodiscover,
@@ -303,9 +309,11 @@ def _services(alias: str, value: Any) -> tuple[Any, ...]:
         raise InvalidBackendOptions(str(exc)) from exc
 
 
-def _middleware(alias: str, value: Any) -> tuple[Middleware, ...]:
+def _middleware(
+    alias: str, value: Any, *, key: str = "MIDDLEWARE", handles: str = "the attempt"
+) -> tuple[Middleware, ...]:
     try:
-        return load_middleware(value, f"TASKS[{alias!r}]['OPTIONS']['MIDDLEWARE']")
+        return load_middleware(value, f"TASKS[{alias!r}]['OPTIONS'][{key!r}]", handles=handles)
     except ValueError as exc:
         raise InvalidBackendOptions(str(exc)) from exc
 

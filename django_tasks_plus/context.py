@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, cast
 
 from . import compat
 
@@ -14,7 +16,11 @@ if TYPE_CHECKING:
 # django-stubs declare Django's (frozen) TaskContext as not frozen.
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskContext(compat.TaskContext):  # type: ignore[misc]
-    """Django's ``TaskContext`` plus a way to notice a cancel request while running."""
+    """Django's ``TaskContext`` plus the task's metadata and a way to notice a cancel
+    request while running."""
+
+    # The task's metadata (docs/tasks.md#metadata), decoded, read-only: as enqueued.
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def cancel_requested(self) -> bool:
         """True once ``cancel()`` was called for this task (one indexed query).

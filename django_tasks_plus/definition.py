@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -31,7 +31,7 @@ from .extensions import load_service_factories
 from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
-from .schema import PayloadSchema, check_schema_signature, compile_schema
+from .schema import PayloadSchema, bind_payload, check_schema_signature, compile_schema
 from .timebounds import as_delay, not_beyond_horizon
 
 ORDERING_FAILURES = ("continue", "block")
@@ -52,6 +52,8 @@ class Task(compat.Task):
       ``"block"`` (the key waits until the dead task is redriven or discarded).
     * ``middleware``: execution middleware factories (or dotted paths) run around each
       attempt, inside the backend's ``OPTIONS["MIDDLEWARE"]`` (``middleware.py``).
+    * ``enqueue_middleware``: enqueue middleware factories (or dotted paths) run around
+      each enqueue, inside the backend's ``OPTIONS["ENQUEUE_MIDDLEWARE"]`` (``envelope.py``).
     * ``breaker``: a ``Breaker`` (``breaker.py``): tasks whose remote host keeps failing
       are held, not run, until a probe finds it back (``circuits.py``).
     * ``services``: worker service factories (or dotted paths) this task needs; every
@@ -72,12 +74,12 @@ class Task(compat.Task):
     middleware: tuple[Any, ...] = ()
     breaker: Breaker | None = None
     services: tuple[Any, ...] = ()
+    enqueue_middleware: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.middleware, list):  # keep the definition hashable
-            object.__setattr__(self, "middleware", tuple(self.middleware))
-        if isinstance(self.services, list):
-            object.__setattr__(self, "services", tuple(self.services))
+        for name in ("middleware", "services", "enqueue_middleware"):
+            if isinstance(getattr(self, name), list):  # keep the definition hashable
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
 
@@ -197,6 +199,8 @@ def validate_task_options(task: Task) -> None:
             load_service_factories(task.services, f"{task.module_path}: services")
         except ValueError as exc:
             raise InvalidTaskOptions(str(exc)) from exc
+    if task.enqueue_middleware != ():
+        task_enqueue_middleware(task)  # raises InvalidTaskOptions for a bad entry
     breaker = getattr(task, "breaker", None)
     if breaker is not None and not isinstance(breaker, Breaker):
         raise InvalidTaskOptions(
@@ -213,6 +217,20 @@ def task_middleware(task: compat.Task) -> tuple[Any, ...]:
     for provider in extensions.task_middleware.entries:
         own += tuple(provider(task))
     return own
+
+
+def task_enqueue_middleware(task: compat.Task) -> tuple[Any, ...]:
+    """The task's own enqueue middleware factories (``@task(enqueue_middleware=[...])``),
+    resolved; raises ``InvalidTaskOptions`` naming a bad entry."""
+    entries = getattr(task, "enqueue_middleware", ())
+    if not entries:
+        return ()
+    try:
+        return load_middleware(
+            entries, f"{task.module_path}: enqueue_middleware", handles="the envelope"
+        )
+    except ValueError as exc:
+        raise InvalidTaskOptions(str(exc)) from exc
 
 
 def breaker_key(task: compat.Task, args: Any, kwargs: Any) -> str | None:
@@ -282,6 +300,39 @@ def check_arguments(task: compat.Task, args: tuple[Any, ...], kwargs: dict[str, 
         raise InvalidTaskArguments(
             f"{task.module_path}() cannot be called with these arguments: {exc}"
         ) from exc
+
+
+class CallRules:
+    """What each call of one task is checked against at enqueue, looked up once per
+    ``enqueue()``/``enqueue_many()`` (the build step, ``envelope.build``), not per call."""
+
+    __slots__ = ("_arity", "_breaker", "_leading", "_schema", "_task")
+
+    def __init__(self, task: compat.Task) -> None:
+        self._task = task
+        self._schema = compiled_schema(task)
+        self._breaker = getattr(task, "breaker", None)
+        self._leading = 1 if task.takes_context else 0
+        self._arity = _positional_arity(task.func) if self._schema is None else None
+
+    def payload(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments to store: validated by the schema (stored by name, so a later
+        deploy can re-validate them), else checked against the signature."""
+        task = self._task
+        if self._schema is not None:
+            payload = bind_payload(task.func, args, kwargs, takes_context=task.takes_context)
+            return (), self._schema.validate(payload)
+        args, kwargs = tuple(args), dict(kwargs)
+        arity = self._arity
+        if kwargs or arity is None or not arity[0] <= self._leading + len(args) <= arity[1]:
+            check_arguments(task, args, kwargs)
+        return args, kwargs
+
+    def breaker_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The call's stored breaker key (``breaker_key``), or None without a breaker."""
+        return None if self._breaker is None else breaker_key(self._task, args, kwargs)
 
 
 _resolved: dict[str, compat.Task] = {}
@@ -374,6 +425,7 @@ def task(
     middleware: list[Any] | tuple[Any, ...] | None = None,
     breaker: Breaker | None = None,
     services: list[Any] | tuple[Any, ...] | None = None,
+    enqueue_middleware: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -395,6 +447,8 @@ def task(
         extra["breaker"] = breaker
     if services is not None:
         extra["services"] = services
+    if enqueue_middleware is not None:
+        extra["enqueue_middleware"] = enqueue_middleware
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,

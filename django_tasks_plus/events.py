@@ -4,7 +4,7 @@ Enqueue, the worker and the reaper call the small ``emit_*`` helpers below at ea
 of a task's life; a helper does nothing unless someone subscribed to its event, so an
 unobserved queue pays one dictionary lookup per step. Subscribers (metrics, the
 dashboard, logging, tracing) receive one frozen ``Event`` per occurrence: a name,
-numbers (``measurements``) and labels (``metadata``).
+numbers (``measurements``) and ``labels``.
 
 Handlers run synchronously, on the thread that emits (see ``docs/events.md`` for which
 thread that is), and must be quick. A handler that raises is logged with the event's
@@ -19,6 +19,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -57,8 +58,8 @@ TASK_HELD = "task.held"  # a middleware held one claimed task back (no attempt s
 TASK_RELEASED = "task.released"  # held tasks made due now (a circuit closed), with count
 LEADER_ELECTED = "leader.elected"
 LEADER_LOST = "leader.lost"
-# Circuit breakers (circuits.py); metadata name the breaker and the key.
-BREAKER_STATE_CHANGED = "breaker.state_changed"  # metadata: old and new state, why
+# Circuit breakers (circuits.py); labels name the breaker and the key.
+BREAKER_STATE_CHANGED = "breaker.state_changed"  # labels: old and new state, why
 BREAKER_PROBE_STARTED = "breaker.probe_started"  # the half-open circuit's one probe runs
 BREAKER_PARKED = "breaker.parked"  # a key's waiting tasks held in one statement, with count
 BREAKER_DROPPED = "breaker.dropped"  # a task held past the held TTL was dead-lettered
@@ -103,7 +104,7 @@ _FAILURE_NAMES = frozenset(
 
 class Event(NamedTuple):
     """One occurrence. ``measurements`` are numbers (durations in seconds, counts);
-    ``metadata`` are labels (ids, paths, queue, worker, status, reason).
+    ``labels`` say what it is about (ids, paths, queue, worker, status, reason).
 
     Immutable. A named tuple rather than a frozen dataclass because it is built on the
     worker's hot path: it costs about a third as much to create.
@@ -111,8 +112,16 @@ class Event(NamedTuple):
 
     name: str
     measurements: Mapping[str, float]
-    metadata: Mapping[str, Any]
+    labels: Mapping[str, Any]
     time: float  # wall-clock seconds since the epoch, when emitted
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """Deprecated: ``labels`` (a task's *metadata* is its stored map, ``metadata.py``)."""
+        warnings.warn(
+            "Event.metadata is deprecated; use Event.labels.", DeprecationWarning, stacklevel=2
+        )
+        return self.labels
 
 
 Handler = Callable[[Event], object]
@@ -252,7 +261,7 @@ def listened(name: str) -> bool:
     return name in bus.handlers
 
 
-def emit(name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]) -> None:
+def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]) -> None:
     """Deliver one event to its subscribers, in subscription order; never raises.
 
     The helpers below call this, and so do the features for the names they registered.
@@ -260,7 +269,7 @@ def emit(name: str, measurements: Mapping[str, float], metadata: Mapping[str, An
     handlers = bus.handlers.get(name)
     if not handlers:
         return
-    event = Event(name, measurements, metadata, time.time())
+    event = Event(name, measurements, labels, time.time())
     for handler in handlers:
         try:
             handler(event)

@@ -71,6 +71,18 @@ class PayloadTooLarge(TasksPlusError, InvalidTask):
         self.size = size
 
 
+class EnqueueRefused(TasksPlusError):
+    """An enqueue middleware refused the call (``envelope.py``); nothing was written.
+
+    ``reason`` says why, for the caller; raise it from a middleware instead of calling
+    ``call_next``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class QueueFull(TasksPlusError):
     """The queue already holds its ``max_depth`` of READY tasks; nothing was written.
 

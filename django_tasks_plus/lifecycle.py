@@ -44,6 +44,7 @@ class ClaimedTask:
     requested_run_after: datetime | None = None  # the caller's run_after, as Django shows it
     held_since: datetime | None = None  # when a middleware first held it back (a breaker)
     breaker_key: str | None = None  # "name/key" of the circuit breaker guarding it
+    metadata: Any = None  # the parsed metadata column (``metadata.decode_metadata`` reads it)
 
     @property
     def first_run(self) -> bool:
@@ -51,7 +52,7 @@ class ClaimedTask:
         return self.claimed_at is not None and self.started_at == self.claimed_at
 
 
-# Events: what happened to one claimed task.
+# How a claim ended: what happened to one claimed task.
 @dataclass(frozen=True)
 class Succeeded:
     return_value: Any
@@ -82,7 +83,7 @@ class Deferred:
 
 
 @dataclass(frozen=True)
-class Held(Deferred):
+class Postponed(Deferred):
     """A middleware answered ``Hold`` (``middleware.py``): the task did not run. Back to
     READY at ``run_after`` as if never claimed; ``reason`` says why (breaker open…)."""
 
@@ -94,7 +95,8 @@ class Released:
     """Claimed but never started (graceful stop): back to READY as if never claimed."""
 
 
-Event = Succeeded | Failed | Aborted | Deferred | Released
+ClaimEnd = Succeeded | Failed | Aborted | Deferred | Released
+"""How one claim of a task ended (not an ``events.Event``, which is what observers hear)."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ def _dead(
 
 def transition(
     task: ClaimedTask,
-    event: Event,
+    event: ClaimEnd,
     *,
     policy: RetryPolicy,
     now: datetime,
@@ -213,12 +215,12 @@ def transition(
     outcome = _decide(
         task, event, policy=policy, now=now, block_ordering=block_ordering, started=started
     )
-    if isinstance(event, Held):
+    if isinstance(event, Postponed):
         # Kept across holds: how long a task has waited is measured from the first one.
         outcome.values["held_since"] = task.held_since or now
     elif task.held_since is not None and not isinstance(event, Released):
         outcome.values["held_since"] = None  # it ran: the next hold starts a new wait
-    if started is not None and not isinstance(event, Released | Held):
+    if started is not None and not isinstance(event, Released | Postponed):
         outcome.values["last_attempted_at"] = started
         if task.first_run:
             outcome.values["started_at"] = started
@@ -227,7 +229,7 @@ def transition(
 
 def _decide(
     task: ClaimedTask,
-    event: Event,
+    event: ClaimEnd,
     *,
     policy: RetryPolicy,
     now: datetime,
@@ -239,11 +241,11 @@ def _decide(
         return Transition(
             TaskResultStatus.SUCCESSFUL, {"return_value": event.return_value, "finished_at": now}
         )
-    if isinstance(event, Released | Held):
+    if isinstance(event, Released | Postponed):
         values = _without_last_attempt(task)
         if values["attempt"] == 0:  # never ran at all: it has not started either
             values.update(started_at=None, last_attempted_at=None)
-        if isinstance(event, Held):
+        if isinstance(event, Postponed):
             values["run_after"] = event.run_after
             return Transition(TaskResultStatus.READY, values, held_because=event.reason)
         return Transition(TaskResultStatus.READY, values)

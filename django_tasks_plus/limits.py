@@ -22,6 +22,13 @@ QUEUE_NAME_MAX_LENGTH = 100
 WORKER_ID_MAX_LENGTH = 64
 """A worker's id (``WorkerRecord.worker_id``), including any ``--processes`` suffix."""
 
+METADATA_KEY_MAX_LENGTH = 100
+"""A task metadata key (``metadata.register_key``)."""
+
+METADATA_MAX_BYTES = 64 * 1024
+"""A task's encoded metadata, in bytes of UTF-8 JSON: features keep small per-call data
+there (ids, a trace context), never payloads."""
+
 METRIC_NAME_MAX_LENGTH = 200
 """A stored metric's name (``MetricRecord.name``): a counter, bucket or sum, plus a
 feature counter's own labels (``schedule_fired{schedule=nightly}``)."""

@@ -13,8 +13,8 @@ the chain and returns the callable that handles an attempt::
         return middleware
 
 ``attempt`` is an ``Attempt``: the claimed task's id, the ``Task``, its path, queue,
-priority, attempt number, the decoded arguments and the running ``TaskResult``. A
-middleware may
+priority, attempt number, the decoded arguments, its metadata and the running
+``TaskResult``. A middleware may
 
 * wrap the call (timing, tracing, connection hygiene): what ``call_next`` returns is the
   attempt's value; what it raises (task code, ``TaskTimeout``, a later middleware)
@@ -34,7 +34,7 @@ task without any middleware is called directly, at no cost. Middlewares are sync
 ``timeout`` covers the task function alone, not the middlewares around it.
 
 This module is pure: the worker (``worker/execution.py``) builds and calls the chain and
-turns a ``Hold`` into the ``lifecycle.Held`` event.
+turns a ``Hold`` into the ``lifecycle.Postponed`` claim end.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
@@ -79,6 +80,8 @@ class Attempt:
     backend: str
     held_since: datetime | None = None  # when a Hold first kept it back; None: never held
     breaker_key: str | None = None  # "name/key" of its circuit breaker (``circuits.py``)
+    # The task's metadata (``metadata.py``), decoded and read-only; TaskContext shows it too.
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +126,13 @@ class Hold:
         object.__setattr__(self, "reason", reason)
 
 
-def build_chain(middlewares: Sequence[Middleware], innermost: Handler) -> Handler:
+def build_chain(
+    middlewares: Sequence[Middleware], innermost: Handler, *, handles: str = "the attempt"
+) -> Handler:
     """Wrap ``innermost`` in ``middlewares``, the first one outermost.
 
-    Raises ``TypeError`` naming the factory that did not return a callable.
+    Raises ``TypeError`` naming the factory that did not return a callable. ``handles``
+    names what a handler takes (enqueue middleware handles the envelope: ``envelope.py``).
     """
     handler = innermost
     for factory in reversed(middlewares):
@@ -134,13 +140,15 @@ def build_chain(middlewares: Sequence[Middleware], innermost: Handler) -> Handle
         if not callable(wrapped):
             raise TypeError(
                 f"middleware {_name(factory)} returned {wrapped!r}, not a callable: a "
-                "middleware takes call_next and returns a function of the attempt."
+                f"middleware takes call_next and returns a function of {handles}."
             )
         handler = wrapped
     return handler
 
 
-def load_middleware(entries: Any, where: str) -> tuple[Middleware, ...]:
+def load_middleware(
+    entries: Any, where: str, *, handles: str = "the attempt"
+) -> tuple[Middleware, ...]:
     """Resolve a MIDDLEWARE list (dotted paths or factories) into factories.
 
     Raises ``ValueError`` whose message starts with ``where`` and names the bad entry;
@@ -153,17 +161,19 @@ def load_middleware(entries: Any, where: str) -> tuple[Middleware, ...]:
             f"got {entries!r}."
         )
     try:
-        return _load(tuple(entries), where)
+        return _load(tuple(entries), where, handles)
     except TypeError:  # an unhashable entry: not cacheable, and not a factory either
-        return _load.__wrapped__(tuple(entries), where)
+        return _load.__wrapped__(tuple(entries), where, handles)
 
 
 @lru_cache(maxsize=256)
-def _load(entries: tuple[Any, ...], where: str) -> tuple[Middleware, ...]:
-    return tuple(_load_one(entry, f"{where}[{index}]") for index, entry in enumerate(entries))
+def _load(entries: tuple[Any, ...], where: str, handles: str) -> tuple[Middleware, ...]:
+    return tuple(
+        _load_one(entry, f"{where}[{index}]", handles) for index, entry in enumerate(entries)
+    )
 
 
-def _load_one(entry: Any, where: str) -> Middleware:
+def _load_one(entry: Any, where: str, handles: str) -> Middleware:
     factory = entry
     if isinstance(entry, str):
         try:
@@ -173,7 +183,7 @@ def _load_one(entry: Any, where: str) -> Middleware:
     if not callable(factory):
         raise ValueError(
             f"{where} is {factory!r}, not a callable; a middleware is a factory that takes "
-            "call_next and returns a function of the attempt."
+            f"call_next and returns a function of {handles}."
         )
     if any(factory is builder for builder in _BUILDERS):
         raise ValueError(

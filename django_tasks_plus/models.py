@@ -96,6 +96,13 @@ class TaskRecord(models.Model):
         blank=True,
         help_text=_("When a middleware (a circuit breaker) first held the task back."),
     )
+    # Features' per-call data (docs/tasks.md#metadata): an open map, not a column each.
+    metadata = models.JSONField(
+        _("metadata"),
+        default=dict,
+        blank=True,
+        help_text=_("Data features keep about this task (tenant, trace context, group…)."),
+    )
 
     class Meta:
         verbose_name = _("task")

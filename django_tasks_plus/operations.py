@@ -1,11 +1,12 @@
-"""Module-level helpers for app code: bulk enqueue, cancel, redrive, discard, pruning.
+"""Module-level helpers for app code: bulk enqueue, metadata, cancel, redrive, discard,
+pruning.
 
 Each accepts a ``TaskResult`` or a result id and finds the backend that owns it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,14 @@ def enqueue_many(task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskRes
 
 async def aenqueue_many(task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskResult]:
     return await task.get_backend().aenqueue_many(task, calls)  # type: ignore[attr-defined]
+
+
+def get_metadata(
+    result: compat.TaskResult | str, *, backend: str | None = None
+) -> Mapping[str, Any]:
+    """The task's metadata (docs/tasks.md#metadata), read from the database now: from
+    any process, decoded (tagged values come back as their types), read-only."""
+    return _backend(result, backend).get_metadata(_id(result))
 
 
 def cancel(result: compat.TaskResult | str, *, backend: str | None = None) -> CancelOutcome:

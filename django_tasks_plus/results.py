@@ -139,7 +139,7 @@ def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
 
 
 # The JSON columns of a task row, in the order a corrupt one is looked for.
-_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids")
+_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids", "metadata")
 
 
 def unreadable_record(database: str, task_id: str) -> CorruptTaskRecord:

@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.db import connection
 
@@ -498,7 +499,7 @@ def _install_event_subscribers() -> None:
             {
                 "name": event.name,
                 "measurements": dict(event.measurements),
-                "metadata": dict(event.metadata),
+                "metadata": dict(event.labels),
                 "thread": threading.current_thread().name,
             },
             default=str,
@@ -786,3 +787,20 @@ class UnprintableTime(dt.datetime):
 def defers_to_an_unprintable_time() -> None:
     _count_run("defers-to-an-unprintable-time")
     raise TaskDeferred(run_after=UnprintableTime.fromtimestamp(time.time() + 3600, dt.UTC))
+
+
+from tests import tenancy  # noqa: E402
+
+
+@task(
+    takes_context=True,
+    enqueue_middleware=["tests.tenancy.stamp_tenant"],
+    middleware=["tests.tenancy.run_as_tenant"],
+)
+def tenant_report(context: Any, report: str) -> dict[str, Any]:
+    """Runs for the tenant its enqueue middleware stamped (tests/tenancy.py)."""
+    return {
+        "report": report,
+        "current_tenant": tenancy.current_tenant.get(),
+        "context_tenant": context.metadata.get("tenant"),
+    }

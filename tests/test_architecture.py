@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "breaker",
             "charts",
             "durations",
+            "metadata",
             "liveness",
             "extensions",
         ),
@@ -291,8 +292,9 @@ FEATURES = (
 # fails once a path is gone, so the entry is removed with the debt.
 ENGINE_FEATURE_DEBTS = {
     (f"{PACKAGE}.definition", f"{PACKAGE}.breaker"): (
-        "the Task's breaker= option and its key at enqueue; to become a breaker enqueue "
-        "middleware writing the key (issue 16, item 2)"
+        "the Task's breaker= option and its key, computed in enqueue's build step "
+        "(definition.CallRules); to become a breaker enqueue middleware writing the key "
+        "(enqueue middleware exists now; the key still needs its own column for the index)"
     ),
 }
 

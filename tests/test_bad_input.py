@@ -401,9 +401,10 @@ def test_settings_unknown_key():
         parse_settings("default", {"BACKEND": BACKEND, "OPTIONS": {"CONCURENCY": 4}})
     assert str(info.value) == (
         "TASKS['default']['OPTIONS'] has an unknown key 'CONCURENCY'. Did you mean "
-        "'CONCURRENCY'? Known keys: CONCURRENCY, DATABASE, DEDUP_TTL, DOER, "
-        "MAX_PAYLOAD_BYTES, METRICS, MIDDLEWARE, NOTIFY, POLL_INTERVAL, PREFETCH, QUEUES_CONFIG, "
-        "QUEUE_RESOLUTION, RETRY, SHUTDOWN_TIMEOUT, VISIBILITY_TIMEOUT."
+        "'CONCURRENCY'? Known keys: AUTODISCOVER, CONCURRENCY, DATABASE, DEDUP_TTL, DOER, "
+        "ENQUEUE_MIDDLEWARE, MAX_PAYLOAD_BYTES, METRICS, MIDDLEWARE, NOTIFY, POLL_INTERVAL, "
+        "PREFETCH, QUEUES_CONFIG, QUEUE_RESOLUTION, RETRY, SERVICES, SHUTDOWN_TIMEOUT, "
+        "VISIBILITY_TIMEOUT."
     )
 
 
@@ -556,6 +557,7 @@ def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed()
         "requested_run_after": None,
         "held_since": None,
         "breaker_key": None,
+        "metadata": "{}",
     }
     claimed = claimed_from_row([raw[name] for name in CLAIM_COLUMNS])
     assert claimed.worker_ids == ()

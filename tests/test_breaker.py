@@ -17,9 +17,9 @@ from django_tasks_plus.breaker import (
     Circuit,
     CorruptCircuit,
     Drop,
-    Hold,
     Run,
     State,
+    Wait,
     check_key,
     decide,
     failures_text,
@@ -179,9 +179,9 @@ def test_a_breaker_with_the_longest_durations_still_decides_without_overflow():
         release_interval=MAX_DURATION,
     )
     decision, _ = decide(guard, open_circuit(), now=NOW, task_id="t", held_since=NOW)
-    assert decision == Hold(NOW + MAX_DURATION, decision.reason, NOW + MAX_DURATION)
+    assert decision == Wait(NOW + MAX_DURATION, decision.reason, NOW + MAX_DURATION)
     decision, _ = decide(guard, half_open(), now=NOW, task_id="t", held_since=None)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
     assert prune(guard, [NOW - SECOND], NOW) == (NOW - SECOND,)
 
 
@@ -562,7 +562,7 @@ def test_an_open_circuit_holds_until_the_recovery_delay_and_parks_the_others():
     circuit = open_circuit(NOW)
     decision, after = decide(guard, circuit, now=NOW + MINUTE, task_id="t", held_since=None)
     probe_at = NOW + timedelta(minutes=30)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
     assert decision.until == probe_at
     assert decision.park_until == probe_at
     assert probe_at.isoformat() in decision.reason
@@ -622,7 +622,7 @@ def test_half_open_another_task_joins_the_park_until_the_probe_would_be_stale():
     circuit = half_open("p1", NOW)
     now = NOW + MINUTE
     decision, after = decide(guard, circuit, now=now, task_id="t2", held_since=None)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
     stale_at = NOW + timedelta(minutes=30)
     assert decision.until == decision.park_until == stale_at
     assert "p1" in decision.reason
@@ -647,7 +647,7 @@ def test_half_open_a_stale_probe_is_replaced_by_the_next_task():
     assert after.probe_started_at == stale
     # Just before it is stale, the probe still owns the slot.
     decision, _ = decide(guard, circuit, now=stale - SECOND, task_id="t2", held_since=None)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
 
 
 @pytest.mark.parametrize(
@@ -671,7 +671,7 @@ def test_a_task_held_past_its_ttl_is_dropped_while_the_circuit_is_not_closed(cir
     assert after == circuit
     just_in_time = held_since + timedelta(microseconds=1)
     decision, _ = decide(guard, circuit, now=NOW, task_id="t", held_since=just_in_time)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
     assert decision.until <= just_in_time + timedelta(days=7)
 
 
@@ -942,7 +942,7 @@ def test_a_full_walk_closed_open_held_probe_fail_open_probe_succeed_closed():
     held_since = clock
     decision, circuit = decide(guard, circuit, now=clock, task_id="g", held_since=None)
     probe_at = opened_at + timedelta(minutes=10)
-    assert decision == Hold(probe_at, decision.reason, probe_at)
+    assert decision == Wait(probe_at, decision.reason, probe_at)
 
     # Recovery delay over: the held task becomes the probe; another waits.
     clock = probe_at
@@ -951,7 +951,7 @@ def test_a_full_walk_closed_open_held_probe_fail_open_probe_succeed_closed():
     assert circuit.state is State.HALF_OPEN
     decision, circuit = decide(guard, circuit, now=clock, task_id="h", held_since=held_since)
     stale_at = clock + timedelta(minutes=10)
-    assert decision == Hold(stale_at, decision.reason, stale_at)  # joins the park
+    assert decision == Wait(stale_at, decision.reason, stale_at)  # joins the park
 
     # The probe fails: open again from now.
     clock += 5 * SECOND
@@ -963,7 +963,7 @@ def test_a_full_walk_closed_open_held_probe_fail_open_probe_succeed_closed():
 
     # The old probe time has passed but the new one has not: held again.
     decision, circuit = decide(guard, circuit, now=clock, task_id="h", held_since=held_since)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
     assert decision.until == reopened_at + timedelta(minutes=10)
 
     # Second probe; a non-probe success meanwhile changes nothing.
@@ -992,7 +992,7 @@ def test_a_walk_through_a_dead_probe_and_a_held_ttl_drop():
     assert decision == Run(probe=True)
     held_since = NOW + 10 * SECOND
     decision, circuit = decide(guard, circuit, now=clock, task_id="b", held_since=held_since)
-    assert isinstance(decision, Hold)
+    assert isinstance(decision, Wait)
 
     # After another recovery delay, the probe is stale and "b" takes over.
     clock += MINUTE

@@ -110,14 +110,14 @@ def test_enqueue_emits_once_per_call_after_commit_and_never_on_rollback():
     assert recorder.names() == [events.TASK_ENQUEUED] * 2
     first, batch = recorder
     assert first.measurements == {"count": 1}
-    assert first.metadata["task_ids"] == (single.id,)
-    assert first.metadata["task_path"] == tasks.add.module_path
-    assert first.metadata["queue"] == "default"
-    assert first.metadata["backend"] == "default"
+    assert first.labels["task_ids"] == (single.id,)
+    assert first.labels["task_path"] == tasks.add.module_path
+    assert first.labels["queue"] == "default"
+    assert first.labels["backend"] == "default"
     assert batch.measurements == {"count": 3}
-    assert batch.metadata["task_ids"] == tuple(result.id for result in many)
-    assert batch.metadata["queue"] == "other"
-    assert batch.metadata["priority"] == 5
+    assert batch.labels["task_ids"] == tuple(result.id for result in many)
+    assert batch.labels["queue"] == "other"
+    assert batch.labels["priority"] == 5
 
 
 def test_a_held_dedup_key_emits_deduplicated_and_not_enqueued():
@@ -129,11 +129,11 @@ def test_a_held_dedup_key_emits_deduplicated_and_not_enqueued():
     assert second.id == first.id
     assert TaskRecord.objects.count() == 1
     assert recorder.names() == [events.TASK_ENQUEUED, events.TASK_DEDUPLICATED]
-    assert recorder[0].metadata["dedup_key"] == "digest:7"
+    assert recorder[0].labels["dedup_key"] == "digest:7"
     dedup = recorder[1]
     assert dedup.measurements == {"count": 1}
-    assert dedup.metadata["dedup_key"] == "digest:7"
-    assert dedup.metadata["held_by"] == (first.id,)
+    assert dedup.labels["dedup_key"] == "digest:7"
+    assert dedup.labels["held_by"] == (first.id,)
 
 
 def test_cancel_redrive_and_discard_emit_their_events():
@@ -153,13 +153,13 @@ def test_cancel_redrive_and_discard_emit_their_events():
         assert redrive(ready) is True  # the cancelled task is FAILED: it can run again
         assert redrive(ready) is False  # READY now: no event
 
-    assert [(event.name, event.metadata["task_id"]) for event in recorder] == [
+    assert [(event.name, event.labels["task_id"]) for event in recorder] == [
         (events.TASK_CANCELLED, ready.id),
         (events.TASK_CANCEL_REQUESTED, running.id),
         (events.TASK_DISCARDED, blocked.id),
         (events.TASK_REDRIVEN, ready.id),
     ]
-    assert {event.metadata["task_path"] for event in recorder} == {tasks.add.module_path}
+    assert {event.labels["task_path"] for event in recorder} == {tasks.add.module_path}
 
 
 def test_an_operation_rolled_back_emits_nothing():
@@ -254,10 +254,10 @@ def test_the_reaper_emits_reaped_then_the_attempts_outcome():
         events.TASK_RETRY_SCHEDULED,
     ]
     reaped, failed, retry = recorder
-    assert reaped.metadata["task_id"] == result.id
-    assert reaped.metadata["worker_id"] == "gone"  # the worker that stopped renewing
-    assert reaped.metadata["status"] == TaskResultStatus.READY
-    assert failed.metadata["exception"] == "django_tasks_plus.exceptions.LeaseExpired"
+    assert reaped.labels["task_id"] == result.id
+    assert reaped.labels["worker_id"] == "gone"  # the worker that stopped renewing
+    assert reaped.labels["status"] == TaskResultStatus.READY
+    assert failed.labels["exception"] == "django_tasks_plus.exceptions.LeaseExpired"
     assert "run_time" not in failed.measurements  # the reaper cannot know it
     assert retry.measurements["attempt"] == 1
     assert retry.measurements["delay"] >= 0
@@ -440,7 +440,7 @@ def test_a_held_outcome_is_emitted_as_task_held_not_deferred():
     import datetime as dt
     import uuid
 
-    from django_tasks_plus.lifecycle import ClaimedTask, Held, transition
+    from django_tasks_plus.lifecycle import ClaimedTask, Postponed, transition
     from django_tasks_plus.retry import no_retry
 
     now = timezone.now()
@@ -461,13 +461,13 @@ def test_a_held_outcome_is_emitted_as_task_held_not_deferred():
         claimed_at=now,
     )
     until = now + dt.timedelta(minutes=5)
-    outcome = transition(claimed, Held(until, reason="breaker open"), policy=no_retry, now=now)
+    outcome = transition(claimed, Postponed(until, reason="breaker open"), policy=no_retry, now=now)
     seen: list[events.Event] = []
     with events.subscribed(seen.append, events.TASK_HELD, events.TASK_DEFERRED):
         events.emit_outcome(claimed, outcome, 0.01, timezone.now)
     assert [event.name for event in seen] == [events.TASK_HELD]
-    assert seen[0].metadata["reason"] == "breaker open"
-    assert seen[0].metadata["run_after"] == until
+    assert seen[0].labels["reason"] == "breaker open"
+    assert seen[0].labels["run_after"] == until
 
 
 def test_an_in_process_worker_emits_its_leadership():

@@ -39,7 +39,7 @@ def test_an_unknown_event_name_is_refused_until_a_feature_registers_it(feature):
     events.register_names(FIRED)
     with events.subscribed(seen.append, FIRED):
         events.emit(FIRED, {}, {"schedule": "nightly"})
-    assert [event.metadata["schedule"] for event in seen] == ["nightly"]
+    assert [event.labels["schedule"] for event in seen] == ["nightly"]
     with pytest.raises(ValueError, match="lowercase words joined by"):
         events.register_names("Not A Name")
 

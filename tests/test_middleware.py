@@ -26,7 +26,7 @@ from django_tasks_plus.lifecycle import (
     ClaimedTask,
     Deferred,
     Failed,
-    Held,
+    Postponed,
     Released,
     Succeeded,
     transition,
@@ -166,7 +166,7 @@ def test_hold_takes_seconds_as_a_delay():
     assert Hold(NOW, reason="x") == Hold(until=NOW, reason="x")
 
 
-# -- the Held transition (pure) --------------------------------------------------------------
+# -- the Postponed transition (pure) --------------------------------------------------------------
 
 
 def _claimed(attempt: int) -> ClaimedTask:
@@ -192,7 +192,11 @@ def _claimed(attempt: int) -> ClaimedTask:
 def test_a_held_first_attempt_is_undone_entirely():
     until = NOW + dt.timedelta(minutes=2)
     outcome = transition(
-        _claimed(1), Held(until, reason="x"), policy=exponential_backoff(), now=NOW, started=NOW
+        _claimed(1),
+        Postponed(until, reason="x"),
+        policy=exponential_backoff(),
+        now=NOW,
+        started=NOW,
     )
     assert outcome.status == "READY"
     assert outcome.values == {
@@ -208,7 +212,11 @@ def test_a_held_first_attempt_is_undone_entirely():
 def test_a_held_retry_keeps_its_attempts_and_start():
     until = NOW + dt.timedelta(minutes=2)
     outcome = transition(
-        _claimed(3), Held(until, reason="x"), policy=exponential_backoff(), now=NOW, started=NOW
+        _claimed(3),
+        Postponed(until, reason="x"),
+        policy=exponential_backoff(),
+        now=NOW,
+        started=NOW,
     )
     assert outcome.values == {
         "attempt": 2,
@@ -222,7 +230,7 @@ def test_a_held_retry_keeps_its_attempts_and_start():
 def test_a_task_held_again_keeps_the_time_of_its_first_hold():
     first = NOW - dt.timedelta(hours=3)
     claimed = dataclasses.replace(_claimed(1), held_since=first)
-    outcome = transition(claimed, Held(NOW, reason="x"), policy=exponential_backoff(), now=NOW)
+    outcome = transition(claimed, Postponed(NOW, reason="x"), policy=exponential_backoff(), now=NOW)
     assert outcome.values["held_since"] == first
 
 

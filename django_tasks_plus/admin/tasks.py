@@ -48,7 +48,7 @@ from .filters import (
 from .paginator import EstimatedCountPaginator
 from .queries import blocker_of, same_ordering_key
 
-_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids")
+_JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids", "metadata")
 DEAD_LETTERS = "django_tasks_plus_taskrecord_deadletters"
 CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
 BAD_FILTER_TEMPLATE = "admin/django_tasks_plus/taskrecord/bad_filter.html"
@@ -295,7 +295,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                 )
             },
         ),
-        (_("Call"), {"fields": ("args_json", "kwargs_json", "return_json")}),
+        (_("Call"), {"fields": ("args_json", "kwargs_json", "return_json", "metadata_json")}),
         (
             _("Timeline"),
             {
@@ -317,6 +317,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         "args_json",
         "kwargs_json",
         "return_json",
+        "metadata_json",
         "enqueued_line",
         "requested_line",
         "run_after_line",
@@ -351,6 +352,13 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if record.status != TaskResultStatus.SUCCESSFUL:
             return html.EMPTY
         return html.pretty_json(record.return_value)
+
+    @admin.display(description=_("metadata"))
+    def metadata_json(self, record: TaskRecord) -> Any:
+        """The task's metadata as stored (docs/tasks.md#metadata); empty: none."""
+        if not record.metadata:
+            return html.EMPTY
+        return html.pretty_json(record.metadata)
 
     @admin.display(description=_("enqueued at"))
     def enqueued_line(self, record: TaskRecord) -> Any:

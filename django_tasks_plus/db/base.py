@@ -126,6 +126,7 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         requested_run_after=_as_datetime(data["requested_run_after"]),
         held_since=_as_datetime(data["held_since"]),
         breaker_key=data["breaker_key"],
+        metadata=parse_column(data["metadata"]),
     )
 
 
@@ -173,6 +174,12 @@ class Dialect(ABC):
     """Appended to a sub-select to lock its rows (where the database has row locks)."""
     json_param: str = "%s"
     """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
+
+    def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
+        """SQL (and its parameters) for the JSON object in ``column`` with ``keys``
+        removed; a value that is not an object is left as it is (a redrive clears a
+        task's per-run metadata keys with it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot remove JSON keys")
 
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Problems that stop this database from running the queue (empty if none)."""

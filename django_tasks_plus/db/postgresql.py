@@ -144,6 +144,12 @@ _PG_TYPES = {
 }
 
 
+# ``column`` without some keys: jsonb's ``-`` takes them as one text[] parameter.
+WITHOUT_JSON_KEYS = (
+    "CASE WHEN jsonb_typeof({column}) = 'object' THEN {column} - %s::text[] ELSE {column} END"
+)
+
+
 class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     supports_notify = True
@@ -151,6 +157,9 @@ class PostgreSQLDialect(Dialect):
     now_sql = NOW
     lock_rows_sql = " FOR UPDATE"
     json_param = "%s::jsonb"
+
+    def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
+        return WITHOUT_JSON_KEYS.format(column=column), [list(keys)]
 
     def insert_tasks(
         self,

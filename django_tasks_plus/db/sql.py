@@ -41,6 +41,7 @@ CLAIM_COLUMNS = (
     "requested_run_after",
     "held_since",
     "breaker_key",
+    "metadata",
 )
 
 # A keyed candidate may run only when no earlier task of its key is still pending (READY,

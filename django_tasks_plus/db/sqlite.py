@@ -83,9 +83,21 @@ def _claim_sql(queue_count: int, conditions: str = "") -> str:
     )
 
 
+# ``column`` without some keys: one JSON path parameter per key ({paths}), ``$."key"``;
+# json_remove raises on text that is not JSON, hence the guard.
+WITHOUT_JSON_KEYS = (
+    "CASE WHEN json_valid({column}) AND json_type({column}) = 'object' "
+    "THEN json_remove({column}, {paths}) ELSE {column} END"
+)
+
+
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
     now_sql = NOW
+
+    def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
+        paths = sql.placeholders(len(keys))
+        return WITHOUT_JSON_KEYS.format(column=column, paths=paths), [f'$."{k}"' for k in keys]
 
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:

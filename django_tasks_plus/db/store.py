@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
+from django.db.models import JSONField
 from django.db.models.expressions import RawSQL
 
 from ..compat import TaskResultStatus
@@ -207,13 +209,24 @@ NEW_RUN = {
 }
 
 
-def redrive(database: str, task_id: str, now: datetime) -> bool:
+def redrive(
+    database: str, task_id: str, now: datetime, *, clear_metadata: Sequence[str] = ()
+) -> bool:
     """Start a new run of a dead-lettered task: READY now, with the state of a run reset
-    (``NEW_RUN``) and its history kept. Every redrive (API, admin, command) lands here."""
+    (``NEW_RUN``) and its history kept. Every redrive (API, admin, command) lands here.
+
+    ``clear_metadata``: the metadata keys that live for one run (``metadata.run_keys()``),
+    removed in the same statement."""
+    changes: dict[str, Any] = {}
+    if clear_metadata:
+        connection = connections[database]
+        column = connection.ops.quote_name("metadata")
+        expression, params = dialect_for(connection).without_json_keys(column, clear_metadata)
+        changes["metadata"] = RawSQL(expression, params, output_field=JSONField())
     return bool(
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED)
-        .update(**NEW_RUN, run_after=now)
+        .update(**NEW_RUN, run_after=now, **changes)
     )
 
 

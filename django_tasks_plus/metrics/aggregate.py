@@ -125,15 +125,15 @@ class Aggregator:
 
     def on_count(self, event: events.Event) -> None:
         """A counted event; its ``count`` measurement (if any) says how many."""
-        metadata = event.metadata
+        labels = event.labels
         self.raw.append(
             (
                 COUNT,
                 _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]],
                 event.time,
-                metadata.get("backend"),
-                metadata.get("queue"),
-                metadata.get("task_path"),
+                labels.get("backend"),
+                labels.get("queue"),
+                labels.get("task_path"),
                 int(event.measurements.get("count", 1)),
             )
         )
@@ -144,16 +144,16 @@ class Aggregator:
 
     def on_started(self, event: events.Event) -> None:
         """``task.started``: counted, and its ``queue_time`` observed as wait."""
-        metadata = event.metadata
+        labels = event.labels
         wait = event.measurements.get("queue_time", 0.0)
         self.raw.append(
             (
                 STARTED,
                 _STARTED,
                 event.time,
-                metadata["backend"],
-                metadata["queue"],
-                metadata["task_path"],
+                labels["backend"],
+                labels["queue"],
+                labels["task_path"],
                 wait,
             )
         )
@@ -162,15 +162,15 @@ class Aggregator:
 
     def on_outcome(self, event: events.Event) -> None:
         """An outcome: counted, and its ``run_time`` (absent from the reaper) observed."""
-        metadata = event.metadata
+        labels = event.labels
         self.raw.append(
             (
                 OUTCOME,
                 _COUNTER_INDEX[COUNTER_OF_EVENT[event.name]],
                 event.time,
-                metadata["backend"],
-                metadata["queue"],
-                metadata["task_path"],
+                labels["backend"],
+                labels["queue"],
+                labels["task_path"],
                 event.measurements.get("run_time"),
             )
         )
@@ -179,17 +179,17 @@ class Aggregator:
 
     def on_feature(self, event: events.Event) -> None:
         """An event a feature's counter counts (``catalog.feature_counters``)."""
-        metadata = event.metadata
+        labels = event.labels
         number = int(event.measurements.get("count", 1))
         for counter in feature_counters.by_event.get(event.name, ()):
             self.raw.append(
                 (
                     FEATURE,
-                    counter.stored_name(metadata),
+                    counter.stored_name(labels),
                     event.time,
-                    metadata.get("backend"),
-                    metadata.get("queue"),
-                    metadata.get("task_path"),
+                    labels.get("backend"),
+                    labels.get("queue"),
+                    labels.get("task_path"),
                     number,
                 )
             )
@@ -447,7 +447,7 @@ def register_counter(
 ) -> FeatureCounter:
     """Count a feature's events: ``name`` (stored per minute and all-time, served to
     Prometheus as ``django_tasks_plus_<name>``) adds each event's ``count`` measurement,
-    else one, per backend, queue, task path and the event metadata named in ``labels``.
+    else one, per backend, queue, task path and the event labels named in ``labels``.
     The events must be registered first (``events.register_names``). Call it when the
     feature starts (its ``AppConfig.ready``)."""
     counter = feature_counters.register(

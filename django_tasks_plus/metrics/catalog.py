@@ -93,7 +93,7 @@ BUCKET_INDEX: dict[str, tuple[str, int]] = {
 #
 # The built-in counters above are a fixed layout (the aggregator's hot path indexes them).
 # A feature's counter is registered at its start: which of its events it counts, and
-# which of the events' labels (metadata keys) are its own dimensions beside backend, queue
+# which of the events' labels (by key) are its own dimensions beside backend, queue
 # and task path. Its stored name carries those labels (``schedule_fired{schedule=nightly}``)
 # in the one metrics table, so a feature adds counters without a migration
 # (docs/development.md, "Metrics of a feature").
@@ -105,19 +105,19 @@ _LABEL_VALUE_BAD = re.compile(r"[{}=,\x00]")
 @dataclass(frozen=True)
 class FeatureCounter:
     """A feature's counter: ``events`` it counts (by their ``count`` measurement, else
-    one each), ``labels``: the event metadata keys that are its own dimensions."""
+    one each), ``labels``: the event label keys that are its own dimensions."""
 
     name: str
     events: tuple[str, ...]
     help: str
     labels: tuple[str, ...] = ()
 
-    def stored_name(self, metadata: Mapping[str, Any]) -> str:
+    def stored_name(self, event_labels: Mapping[str, Any]) -> str:
         """The name of this counter's row for the labels of one event."""
         if not self.labels:
             return self.name
         pairs = ",".join(
-            f"{label}={_LABEL_VALUE_BAD.sub('_', str(metadata.get(label, '')))}"
+            f"{label}={_LABEL_VALUE_BAD.sub('_', str(event_labels.get(label, '')))}"
             for label in self.labels
         )
         return f"{self.name}{{{pairs}}}"[:METRIC_NAME_MAX_LENGTH]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import partial
 from inspect import iscoroutinefunction
@@ -46,10 +46,10 @@ from ..finished import send_task_finished
 from ..lifecycle import (
     Aborted,
     ClaimedTask,
+    ClaimEnd,
     Deferred,
-    Event,
     Failed,
-    Held,
+    Postponed,
     Succeeded,
     Transition,
     deferred_until,
@@ -57,6 +57,8 @@ from ..lifecycle import (
     exception_path,
     format_traceback,
 )
+from ..metadata import EMPTY as EMPTY_METADATA
+from ..metadata import decode_metadata
 from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..schema import bind_payload, payload_to_call
@@ -77,10 +79,14 @@ _UNBUILT: Any = object()  # a task's middleware chain not built yet in this proc
 
 
 def _call(
-    task: compat.Task, result: compat.TaskResult, args: list[Any], kwargs: dict[str, Any]
+    task: compat.Task,
+    result: compat.TaskResult,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    metadata: Mapping[str, Any] = EMPTY_METADATA,
 ) -> Any:
     if task.takes_context:
-        args = [TaskContext(task_result=result), *args]
+        args = [TaskContext(task_result=result, metadata=metadata), *args]
     timeout = getattr(task, "timeout", None)
     if iscoroutinefunction(task.func):
 
@@ -104,7 +110,7 @@ def _call(
 def _call_attempt(task: compat.Task, attempt: Attempt) -> Any:
     """The innermost link of a middleware chain: the task itself, with the attempt's
     (possibly replaced) arguments; the timeout covers this call only."""
-    return _call(task, attempt.result, list(attempt.args), dict(attempt.kwargs))
+    return _call(task, attempt.result, list(attempt.args), dict(attempt.kwargs), attempt.metadata)
 
 
 def prepare_call(task: compat.Task, claimed: ClaimedTask) -> tuple[list[Any], dict[str, Any]]:
@@ -213,6 +219,7 @@ class TaskRunner:
             return self._settle_unrunnable(claimed, exc, None, began)
         try:
             args, kwargs = prepare_call(task, claimed)
+            metadata = decode_metadata(claimed.metadata)
         except DecodeError as exc:
             corrupt = InvalidTaskArguments(f"stored arguments are corrupt: {exc}")
             return self._settle_unrunnable(claimed, corrupt, task, began)
@@ -222,7 +229,7 @@ class TaskRunner:
         started = self.clock()
         result = result_from_claim(task, claimed, started)
         events.emit_started(claimed, started)
-        value, raised = self._call_task(claimed, task, result, args, kwargs)
+        value, raised = self._call_task(claimed, task, result, args, kwargs, metadata)
         # Before anything else touches this thread's connections (the cancel check below).
         leaked = clean_up_after_attempt(interrupted=interrupted())
         event, exception = self._classify(claimed, value, raised, leaked)
@@ -235,6 +242,7 @@ class TaskRunner:
         result: compat.TaskResult,
         args: list[Any],
         kwargs: dict[str, Any],
+        metadata: Mapping[str, Any],
     ) -> tuple[Any, BaseException | None]:
         """Send ``task_started`` and call the task through its middleware chain, if it has
         one: ``(value, None)`` or ``(None, raised)``; a middleware's ``Hold`` is a value."""
@@ -244,7 +252,7 @@ class TaskRunner:
             if chain is _UNBUILT:
                 chain = self._build_chain(claimed.task_path, task)
             if chain is None:
-                return _call(task, result, args, kwargs), None
+                return _call(task, result, args, kwargs, metadata), None
             attempt = Attempt(
                 id=claimed.id,
                 task=result.task,
@@ -258,6 +266,7 @@ class TaskRunner:
                 backend=claimed.backend_name,
                 held_since=claimed.held_since,
                 breaker_key=claimed.breaker_key,
+                metadata=metadata,
             )
             return chain(attempt), None
         except BaseException as exc:  # task code may raise anything, even SystemExit
@@ -279,7 +288,7 @@ class TaskRunner:
 
     def _classify(
         self, claimed: ClaimedTask, value: Any, raised: BaseException | None, leaked: list[str]
-    ) -> tuple[Event, BaseException | None]:
+    ) -> tuple[ClaimEnd, BaseException | None]:
         """What the attempt amounts to, and the exception ``task_finished`` re-raises."""
         if leaked and (raised is None or isinstance(raised, TaskDeferred)):
             # Its writes inside the open transaction were rolled back: not a success.
@@ -328,7 +337,7 @@ class TaskRunner:
             return Aborted(cancelled, format_traceback(raised), reason=str(cancelled)), raised
         return Failed(raised, format_traceback(raised)), raised
 
-    def _held(self, claimed: ClaimedTask, hold: Hold) -> Held:
+    def _held(self, claimed: ClaimedTask, hold: Hold) -> Postponed:
         """A middleware held the task back: READY again at ``until``, no attempt spent."""
         until = deferred_until(
             self.clock(), hold.delay, hold.until, source=("Hold delay", "Hold until")
@@ -340,7 +349,7 @@ class TaskRunner:
             until.isoformat(),
             hold.reason or "no reason given",
         )
-        return Held(until, reason=hold.reason)
+        return Postponed(until, reason=hold.reason)
 
     def _settle_unrunnable(
         self, claimed: ClaimedTask, exc: Exception, task: compat.Task | None, began: float
@@ -357,7 +366,7 @@ class TaskRunner:
         claimed: ClaimedTask,
         task: compat.Task,
         result: compat.TaskResult,
-        event: Event,
+        event: ClaimEnd,
         started: datetime,
         began: float,
         exception: BaseException | None = None,
@@ -456,7 +465,7 @@ class TaskRunner:
             logger.exception("A task_finished receiver failed for task %s", result.id)
 
 
-def _refused_time(claimed: ClaimedTask, refused: TimeOutOfRange) -> tuple[Event, BaseException]:
+def _refused_time(claimed: ClaimedTask, refused: TimeOutOfRange) -> tuple[ClaimEnd, BaseException]:
     """A deferral or hold whose time is out of range by the worker's clock (the check
     when it was created uses the host's): that attempt fails with the typed error, and
     the task's retry policy decides, as for any failure."""

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .. import compat
-from ..lifecycle import ClaimedTask, Event, Transition, transition
+from ..lifecycle import ClaimedTask, ClaimEnd, Transition, transition
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
@@ -30,7 +30,7 @@ def blocks_ordering(task: compat.Task | None) -> bool:
 def outcome_for(
     backend: DatabaseBackend,
     claimed: ClaimedTask,
-    event: Event,
+    event: ClaimEnd,
     *,
     task: compat.Task | None,
     now: datetime,

@@ -22,7 +22,7 @@ from ..db.completions import apply_outcome
 from ..db.store import expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
-from ..lifecycle import Aborted, ClaimedTask, Event, Failed, Transition, unstorable_outcome
+from ..lifecycle import Aborted, ClaimedTask, ClaimEnd, Failed, Transition, unstorable_outcome
 from .outcome import outcome_for
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def _write(
 def _reap(backend: DatabaseBackend, claimed: ClaimedTask, now: datetime) -> bool:
     holder = claimed.worker_ids[-1] if claimed.worker_ids else "unknown"
     task: compat.Task | None
-    event: Event
+    event: ClaimEnd
     try:
         task = resolve_task(claimed.task_path)
         event = Failed(
