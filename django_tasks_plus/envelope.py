@@ -14,12 +14,12 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from . import compat
+from .binding import bind_payload
 from .codec import EncodeError, display_call, dumps, encode_call, unencodable_call_error
 from .conf import BackendSettings
 from .db.values import JsonText
 from .definition import breaker_key, check_arguments, compiled_schema
 from .exceptions import InvalidTaskArguments, PayloadTooLarge
-from .schema import bind_payload
 
 logger = logging.getLogger("django_tasks_plus")
 

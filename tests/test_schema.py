@@ -17,15 +17,9 @@ from typing import Annotated, Any, Literal, NewType, NotRequired, Optional, Requ
 
 import pytest
 
+from django_tasks_plus.binding import bind_payload, check_schema_signature, payload_to_call
 from django_tasks_plus.exceptions import InvalidTaskArguments, InvalidTaskOptions
-from django_tasks_plus.schema import (
-    PayloadSchema,
-    bind_payload,
-    check_schema_signature,
-    compile_schema,
-    payload_to_call,
-    render_path,
-)
+from django_tasks_plus.schema import PayloadSchema, compile_schema, render_path
 
 try:
     import pydantic
