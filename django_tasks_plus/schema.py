@@ -1,26 +1,20 @@
-"""Payload schemas: a task's arguments, by name, checked at enqueue and again in the worker.
-
-A task declared with ``@task(schema=...)`` has a *payload*: its call bound to the function's
-parameter names, defaults filled in, ``**kwargs`` merged in and the ``context`` parameter
-left out. The schema is checked when the task is enqueued (fail fast, in the caller's
-request) and again in the worker just before the call, so a payload stored by an older
-deploy that no longer fits is dead-lettered with the reason instead of being run.
+"""Payload schemas: a task's payload (its arguments by name, see ``binding.py``) checked at
+enqueue and again in the worker, so a payload stored by an older deploy that no longer fits
+is dead-lettered with the reason instead of being run.
 
 Accepted schemas: a dataclass, a TypedDict, a pydantic v2 model (only when pydantic is
 installed; it is never required) or a callable ``payload -> payload``. Errors name the
 offending value (``payload['user']['age'] must be int, got str ('x')``), and the
 ``InvalidTaskArguments`` raised carries it as ``field_path`` (a tuple of keys and indexes).
 
-Type rules for dataclass and TypedDict fields, chosen for payloads that went through JSON:
-
-* ``int`` refuses ``bool``; ``float`` accepts ``int`` (but not ``bool``).
-* ``tuple[...]`` accepts lists too, because a stored tuple comes back as a list.
-* ``Sequence[X]`` refuses ``str`` and ``bytes``: a string is almost never meant there.
-* Enums accept a member or the exact value of one (what storage gives back).
-* Nested dataclasses and TypedDicts are given as dicts and checked field by field; a
-  dataclass instance is accepted as is.
-* Annotation forms this module does not understand accept any value: the schema must
-  never be the thing that crashes.
+Dataclass and TypedDict schemas are checked by msgspec (``convert(strict=True)``): each
+annotation is *lowered* once, at definition time, into a type msgspec checks natively
+(dataclasses and TypedDicts become structs that refuse unknown fields). What msgspec
+cannot check (unions it refuses, nested pydantic models, self-references, other classes)
+becomes a *marker* class that msgspec hands back to ``_dec_hook``. Annotations nothing
+can check (TypeVar, unresolved strings, Callable) are refused at definition time. On an
+error, msgspec's path is walked through the payload and the original annotations, so the
+message names the annotation as the user wrote it.
 """
 
 from __future__ import annotations
@@ -28,40 +22,39 @@ from __future__ import annotations
 import collections.abc as cabc
 import dataclasses
 import enum
+import re
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
+from uuid import UUID
+
+import msgspec
 
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions
 
 FieldPath = tuple[Any, ...]
-Checker = Callable[[Any, FieldPath], None]
 
 ACCEPTED_KINDS = (
     "a dataclass, a TypedDict or a pydantic model class, or a callable that takes the "
     "payload dict and returns it"
 )
-
-# Wrappers that qualify a type without changing what values it accepts.
 _WRAPPERS = tuple(
     form
-    for form in (
-        typing.Annotated,
-        typing.Required,
-        typing.NotRequired,
-        typing.Final,
-        getattr(typing, "ReadOnly", None),
-    )
-    if form is not None
+    for form in (typing.Annotated, typing.Required, typing.NotRequired, typing.Final)
+    + ((typing.ReadOnly,) if hasattr(typing, "ReadOnly") else ())
 )
 _TYPE_ALIAS = getattr(typing, "TypeAliasType", None)
 _UNION_ORIGINS = (typing.Union, types.UnionType)
-
-
-# --- errors -----------------------------------------------------------------------------
+_CONTAINERS: tuple[Any, ...] = (list, tuple, set, frozenset, dict, cabc.Sequence, cabc.Set)
+_CONTAINERS += (cabc.MutableSequence, cabc.MutableSet, cabc.Mapping, cabc.MutableMapping)
+# Values the codec restores as themselves: a str is *not* a datetime here (no coercion).
+_BUILTINS = (datetime, date, time, timedelta, Decimal, UUID, bytes, bytearray)
+_AT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 
 
 class _Invalid(Exception):
@@ -69,8 +62,7 @@ class _Invalid(Exception):
 
     def __init__(self, path: FieldPath, problem: str, field_path: FieldPath | None = None):
         super().__init__(problem)
-        self.path = path
-        self.problem = problem
+        self.path, self.problem = path, problem
         self.field_path = path if field_path is None else field_path
 
     def render(self) -> str:
@@ -83,28 +75,24 @@ def render_path(path: FieldPath) -> str:
 
 
 def _error(where: str, field_path: FieldPath, text: str) -> InvalidTaskArguments:
-    """Our public error, with the path also available to code (``exc.field_path``)."""
     return InvalidTaskArguments(f"{where}(): {text}", field_path=field_path)
 
 
 def _got(value: object) -> str:
     """``got str ('x')``: the type and a short repr, so long values keep messages short."""
     text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"got {type(value).__name__} ({text})"
+    return f"got {type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
 
 
 def _describe(tp: object) -> str:
     """A readable name for an annotation: ``list[int]``, ``int | None``, ``User``."""
     if tp is None or tp is type(None):
         return "None"
-    if tp is Ellipsis:
-        return "..."
-    if tp is Any:
-        return "Any"
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    if isinstance(tp, list):  # Callable's parameters
+        return f"[{', '.join(_describe(arg) for arg in tp)}]"
+    if tp is Ellipsis or tp is Any:
+        return "..." if tp is Ellipsis else "Any"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in _UNION_ORIGINS:
         return " | ".join(_describe(arg) for arg in args)
     if origin is typing.Literal:
@@ -114,21 +102,20 @@ def _describe(tp: object) -> str:
         if origin is tuple and not args:
             return "tuple[()]"
         return f"{name}[{', '.join(_describe(arg) for arg in args)}]" if args else name
-    if isinstance(tp, type):
-        return tp.__qualname__
-    return repr(tp).replace("typing.", "")
+    return tp.__qualname__ if isinstance(tp, type) else repr(tp).replace("typing.", "")
 
 
-# --- compiling annotations into checkers --------------------------------------------------
-
-
-def _accept(value: object, path: FieldPath) -> None:
-    """Checker for ``Any`` and for annotation forms we do not understand."""
-
-
-def _check_none(value: object, path: FieldPath) -> None:
-    if value is not None:
-        raise _Invalid(path, f"must be None, {_got(value)}")
+def _must(tp: object) -> str:
+    """What ``must be`` says for an annotation, enums and literals listing their choices."""
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [repr(member.value) for member in tp]
+        shown = ", ".join(values[:10]) + (", ..." if len(values) > 10 else "")
+        return f"{tp.__qualname__} (a member or one of {shown})"
+    if _is_struct(tp):
+        return f"a dict of {tp.__qualname__} fields"  # type: ignore[attr-defined]
+    return _describe(tp)
 
 
 def _unwrap(tp: object) -> object:
@@ -142,231 +129,6 @@ def _unwrap(tp: object) -> object:
             tp = tp.__value__
         else:
             return tp
-
-
-def _compile(tp: object) -> Checker:
-    """A function that raises ``_Invalid`` when a value does not fit the annotation ``tp``."""
-    tp = _unwrap(tp)
-    if tp is Any or tp is object:
-        return _accept
-    if tp is None or tp is type(None):
-        return _check_none
-    if tp is typing.Tuple:  # noqa: UP006 - bare typing.Tuple means any tuple, not tuple[()]
-        return _compile_class(tuple)
-    origin = typing.get_origin(tp)
-    if origin is not None:
-        return _compile_generic(tp, origin, typing.get_args(tp))
-    if isinstance(tp, type):
-        return _compile_class(tp)
-    return _accept  # TypeVar, unresolved ForwardRef, strings, anything new
-
-
-def _isinstance_checker(cls: type, label: str) -> Checker:
-    def check(value: object, path: FieldPath) -> None:
-        try:
-            ok = isinstance(value, cls)
-        except TypeError:  # e.g. a Protocol that is not runtime_checkable
-            return
-        if not ok:
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-
-    return check
-
-
-def _compile_class(cls: type) -> Checker:
-    """Checker for a plain class annotation (no type arguments)."""
-    if cls is bool:
-        return _isinstance_checker(bool, "bool")
-    if cls is int:
-
-        def check_int(value: object, path: FieldPath) -> None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise _Invalid(path, f"must be int, {_got(value)}")
-
-        return check_int
-    if cls is float:
-
-        def check_float(value: object, path: FieldPath) -> None:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise _Invalid(path, f"must be float, {_got(value)}")
-
-        return check_float
-    if cls is tuple:
-        return _isinstance_checker((list, tuple), "tuple")  # type: ignore[arg-type]
-    if issubclass(cls, enum.Enum):
-        return _enum_checker(cls)
-    if dataclasses.is_dataclass(cls) or _is_typeddict(cls):
-        return _nested_struct_checker(cls)
-    if _is_pydantic_model(cls):
-        return _nested_pydantic_checker(cls)
-    return _isinstance_checker(cls, cls.__qualname__)
-
-
-def _compile_generic(tp: object, origin: Any, args: tuple[Any, ...]) -> Checker:
-    """Checker for a parameterized annotation: unions, literals, containers."""
-    if origin is typing.Literal:
-        return _literal_checker(args)
-    if origin in _UNION_ORIGINS:
-        return _union_checker(args)
-    if not isinstance(origin, type):
-        return _accept
-    if origin is tuple:
-        return _tuple_checker(tp, args)
-    if issubclass(origin, cabc.Mapping):
-        return _mapping_checker(tp, origin, args)
-    if issubclass(origin, cabc.Set):
-        return _set_checker(tp, origin, args)
-    if issubclass(origin, cabc.Sequence):
-        return _sequence_checker(tp, origin, args)
-    return _isinstance_checker(origin, _describe(tp))
-
-
-def _same_literal(value: object, allowed: object) -> bool:
-    """Equal and of the same type (so ``True`` is not ``1``); an enum also matches its value."""
-    if type(value) is type(allowed) and value == allowed:
-        return True
-    if isinstance(allowed, enum.Enum):
-        return type(value) is type(allowed.value) and value == allowed.value
-    return False
-
-
-def _literal_checker(allowed: tuple[Any, ...]) -> Checker:
-    choices = ", ".join(repr(item) for item in allowed)
-
-    def check(value: object, path: FieldPath) -> None:
-        if not any(_same_literal(value, item) for item in allowed):
-            raise _Invalid(path, f"must be one of {choices}, {_got(value)}")
-
-    return check
-
-
-def _union_checker(arms: tuple[Any, ...]) -> Checker:
-    """First arm that fits wins. If the value fit one arm's shape but failed deeper inside
-    it (a list with one bad item), that deeper error is the useful one to report."""
-    checkers = [_compile(arm) for arm in arms]
-    label = " | ".join(_describe(arm) for arm in arms)
-
-    def check(value: object, path: FieldPath) -> None:
-        deeper: list[_Invalid] = []
-        for checker in checkers:
-            try:
-                checker(value, path)
-            except _Invalid as exc:
-                if len(exc.field_path) > len(path):
-                    deeper.append(exc)
-            else:
-                return
-        if len(deeper) == 1:
-            raise deeper[0]
-        raise _Invalid(path, f"must be {label}, {_got(value)}")
-
-    return check
-
-
-def _tuple_checker(tp: object, args: tuple[Any, ...]) -> Checker:
-    """``tuple[X, ...]`` or fixed ``tuple[X, Y]``; lists pass because JSON has no tuples."""
-    label = _describe(tp)
-    if len(args) == 2 and args[1] is Ellipsis:
-        return _items_checker((list, tuple), label, _compile(args[0]))
-    items = [_compile(arg) for arg in args]
-
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, list | tuple):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        if len(value) != len(items):
-            raise _Invalid(path, f"must have {len(items)} items ({label}), got {len(value)}")
-        for index, (item, checker) in enumerate(zip(value, items, strict=True)):
-            checker(item, (*path, index))
-
-    return check
-
-
-def _items_checker(accepted: type | tuple[type, ...], label: str, item: Checker) -> Checker:
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, accepted) or isinstance(value, str | bytes | bytearray):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for index, element in enumerate(cast("Iterable[object]", value)):
-            item(element, (*path, index))
-
-    return check
-
-
-def _sequence_checker(tp: object, origin: type, args: tuple[Any, ...]) -> Checker:
-    """``list[X]`` wants a list; ``Sequence[X]`` any sequence but a string."""
-    item = _compile(args[0]) if args else _accept
-    return _items_checker(origin, _describe(tp), item)
-
-
-def _set_checker(tp: object, origin: type, args: tuple[Any, ...]) -> Checker:
-    label = _describe(tp)
-    item = _compile(args[0]) if args else _accept
-
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, origin):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for element in value:  # type: ignore[attr-defined]
-            try:
-                item(element, path)
-            except _Invalid as exc:  # set items have no index to point at
-                raise _Invalid(path, f"has an invalid item: {exc.problem}") from None
-
-    return check
-
-
-def _mapping_checker(tp: object, origin: type, args: tuple[Any, ...]) -> Checker:
-    label = _describe(tp)
-    key_check = _compile(args[0]) if len(args) == 2 else _accept
-    value_check = _compile(args[1]) if len(args) == 2 else _accept
-
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, origin):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for key, item in value.items():  # type: ignore[attr-defined]
-            try:
-                key_check(key, path)
-            except _Invalid as exc:
-                raise _Invalid(path, f"has an invalid key {key!r}: {exc.problem}") from None
-            value_check(item, (*path, key))
-
-    return check
-
-
-def _enum_checker(cls: type[enum.Enum]) -> Checker:
-    """A member, or the exact value of one: storage keeps values, not members."""
-    values = [member.value for member in cls]
-    shown = ", ".join(repr(v) for v in values[:10]) + (", ..." if len(values) > 10 else "")
-
-    def check(value: object, path: FieldPath) -> None:
-        if isinstance(value, cls):
-            return
-        if any(type(value) is type(v) and value == v for v in values):
-            return
-        raise _Invalid(
-            path, f"must be {cls.__qualname__} (a member or one of {shown}), {_got(value)}"
-        )
-
-    return check
-
-
-# --- dataclasses and TypedDicts -----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Struct:
-    """The compiled fields of a dataclass or TypedDict: built once, reused per payload."""
-
-    checkers: dict[str, Checker]
-    required: tuple[str, ...]
-
-    def check(self, value: Mapping[str, Any], path: FieldPath) -> None:
-        for name in self.required:
-            if name not in value:
-                raise _Invalid(path, f"is missing required field {name!r}", (*path, name))
-        for key in value:
-            if key not in self.checkers:
-                raise _Invalid(path, f"has unknown field {key!r}", (*path, key))
-        for key, item in value.items():
-            self.checkers[key](item, (*path, key))
 
 
 def _is_typeddict(cls: object) -> bool:
@@ -408,39 +170,240 @@ def _typeddict_required(cls: type, hints: dict[str, Any]) -> set[str]:
     return required
 
 
+def _is_struct(tp: object) -> bool:
+    return isinstance(tp, type) and (dataclasses.is_dataclass(tp) or _is_typeddict(tp))
+
+
+# --- lowering annotations to what msgspec checks --------------------------------------
+
+
+class _Marker:
+    """Base of the classes msgspec passes to ``_dec_hook``; ``check`` raises ValueError."""
+
+    check: Callable[[Any], None]
+
+
+def _dec_hook(tp: type, value: Any) -> Any:
+    if not (isinstance(tp, type) and issubclass(tp, _Marker)):
+        raise TypeError(f"unexpected type {tp!r}")
+    tp.check(value)
+    return object.__new__(tp)  # msgspec wants an instance of the type it asked for
+
+
+_OPTIONS: dict[str, Any] = {
+    "strict": True,
+    "from_attributes": True,  # a dataclass instance is checked by its attributes
+    "dec_hook": _dec_hook,
+    "builtin_types": _BUILTINS,
+}
+
+
+def _fits(value: Any, lowered: Any) -> bool:
+    try:
+        msgspec.convert(value, lowered, **_OPTIONS)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _accepted(lowered: Any) -> bool:
+    """Whether msgspec supports a type (it raises TypeError when it first inspects it)."""
+    try:
+        msgspec.convert(None, lowered, **_OPTIONS)
+    except msgspec.ValidationError:
+        pass
+    except TypeError:
+        return False
+    return True
+
+
 @lru_cache(maxsize=1024)
-def _struct(cls: type) -> _Struct:
-    """Compile a dataclass or TypedDict once; nested ones are compiled on first use, which
-    also keeps self-referencing schemas (a tree of nodes) from recursing forever."""
+def _marker(label: str, check: Callable[[Any], None]) -> type[_Marker]:
+    return type(label, (_Marker,), {"check": staticmethod(check)})
+
+
+def _failing(message: str, test: Callable[[Any], bool]) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not test(value):
+            raise ValueError(message)
+
+    return check
+
+
+class _Unsupported(Exception):
+    """Internal: an annotation that nothing can check."""
+
+
+_STRUCTS: dict[type, Any] = {}
+_BUILDING: set[type] = set()
+
+
+def _lower(tp: object) -> Any:
+    """The type msgspec checks for an annotation (classes cached by ``_struct``)."""
+    tp = _unwrap(tp)
+    return _struct(tp) if _is_struct(tp) else _lower_cached(tp)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=1024)
+def _lower_cached(tp: Any) -> Any:
+    if tp is Any or tp is object or tp is None or tp is type(None):
+        return Any if tp is object else tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNION_ORIGINS:
+        arms = tuple(_lower(arm) for arm in args)
+        union = typing.Union[arms]  # type: ignore[valid-type]  # noqa: UP007
+        if _accepted(union):
+            return union
+        test = lambda value: any(_fits(value, arm) for arm in arms)  # noqa: E731
+        return _marker(_describe(tp), _failing(f"must be {_describe(tp)}", test))
+    if origin is typing.Literal:
+        lowered = tp
+    elif origin in _CONTAINERS:
+        inner = tuple(arg if arg is Ellipsis else _lower(arg) for arg in args)
+        lowered = origin[inner] if inner else origin
+    elif origin is not None:
+        raise _Unsupported(f"{_describe(tp)} cannot be checked")
+    elif not isinstance(tp, type) or tp is cabc.Callable:
+        raise _Unsupported(f"{tp!r} cannot be checked (a TypeVar, an unresolved name or a form)")
+    elif _is_pydantic_model(tp):
+        check = lambda value: isinstance(value, tp) or tp.model_validate(value)  # type: ignore[attr-defined]  # noqa: E731
+        return _marker(tp.__qualname__, check)
+    elif isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
+        test = lambda value: _is_instance(value, tp)  # noqa: E731
+        return _marker(tp.__qualname__, _failing(f"must be {tp.__qualname__}", test))
+    else:
+        lowered = tp
+    if not _accepted(lowered):
+        raise _Unsupported(f"{_describe(tp)} cannot be checked")
+    return lowered
+
+
+def _is_instance(value: object, cls: type) -> bool:
+    try:
+        return isinstance(value, cls)
+    except TypeError:  # a Protocol that is not runtime_checkable: nothing to check
+        return True
+
+
+def _struct(cls: type) -> Any:
+    """A msgspec struct with the fields of a dataclass or TypedDict, refusing unknown keys.
+    A class met again while its own struct is built (a tree of nodes) is checked lazily."""
+    if cls in _STRUCTS:
+        return _STRUCTS[cls]
+    if cls in _BUILDING:
+        lazy = lambda value: _fits(value, _STRUCTS[cls])  # noqa: E731
+        return _marker(cls.__qualname__, _failing(f"must be {cls.__qualname__}", lazy))
     hints = _type_hints(cls)
     if dataclasses.is_dataclass(cls):
         fields = [field for field in dataclasses.fields(cls) if field.init]
         names = [field.name for field in fields]
-        required = {
-            field.name
-            for field in fields
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        }
+        missing = dataclasses.MISSING
+        required = {f.name for f in fields if f.default is missing and f.default_factory is missing}
     else:
-        names = list(hints)
-        required = _typeddict_required(cls, hints)
-    return _Struct(
-        checkers={name: _compile(hints.get(name, Any)) for name in names},
-        required=tuple(name for name in names if name in required),
-    )
+        names, required = list(hints), _typeddict_required(cls, hints)
+    _BUILDING.add(cls)
+    try:
+        specs: list[Any] = []
+        for name in names:
+            try:
+                lowered = _lower(hints.get(name, Any))
+            except _Unsupported as exc:
+                raise InvalidTaskOptions(f"field {cls.__qualname__}.{name}: {exc}") from None
+            specs.append((name, lowered) if name in required else (name, lowered, None))
+        specs.sort(key=len)  # msgspec wants required fields first
+        struct = msgspec.defstruct(cls.__qualname__, specs, forbid_unknown_fields=True)
+    finally:
+        _BUILDING.discard(cls)
+    _STRUCTS[cls] = struct
+    return struct
 
 
-def _nested_struct_checker(cls: type) -> Checker:
-    is_dataclass = dataclasses.is_dataclass(cls)
+# --- explaining an error ---------------------------------------------------------------
 
-    def check(value: object, path: FieldPath) -> None:
-        if is_dataclass and isinstance(value, cls):
-            return
-        if not isinstance(value, Mapping):
-            raise _Invalid(path, f"must be a dict of {cls.__qualname__} fields, {_got(value)}")
-        _struct(cls).check(value, path)
 
-    return check
+def _first_error(value: Any, tp: object, path: FieldPath) -> _Invalid | None:
+    """None if ``value`` fits the annotation ``tp``, else where and why it does not."""
+    try:
+        msgspec.convert(value, _lower(tp), **_OPTIONS)
+    except msgspec.ValidationError as exc:
+        return _explain(str(exc), value, tp, path)
+    return None
+
+
+def _child(tp: object, key: Any) -> object:
+    """The annotation of ``key`` inside a value annotated ``tp``."""
+    tp = _unwrap(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNION_ORIGINS:
+        return next((c for c in (_child(arm, key) for arm in args) if c is not None), None)
+    if _is_struct(tp):
+        return _type_hints(tp).get(key) if isinstance(key, str) else None  # type: ignore[arg-type]
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return args[key] if isinstance(key, int) and key < len(args) else None
+    if isinstance(origin, type) and issubclass(origin, cabc.Mapping):
+        return args[1] if len(args) == 2 else Any
+    if isinstance(origin, type) and issubclass(origin, cabc.Iterable):
+        return args[0] if args else Any
+    return Any if tp is Any or tp in _CONTAINERS else None
+
+
+def _explain(message: str, value: Any, tp: object, path: FieldPath) -> _Invalid:
+    """Our error from msgspec's: its path walked through the payload and annotations."""
+    problem, _, at = message.rpartition(" - at `") if " - at `" in message else (message, "", "")
+    for name, index in _AT.findall(at.rpartition("`$")[2].rstrip("`")):
+        origin = typing.get_origin(_unwrap(tp))
+        if index == "..." or origin in (set, frozenset, cabc.Set, cabc.MutableSet):
+            return _in_collection(value, _unwrap(tp), path)
+        key: Any = int(index) if index else name
+        tp = _child(tp, key)
+        value = value[key] if isinstance(value, Mapping | list | tuple) else getattr(value, key)
+        path = (*path, key)
+    return _at(problem, at.startswith("key` in"), value, _unwrap(tp), path)
+
+
+def _in_collection(value: Any, tp: object, path: FieldPath) -> _Invalid:
+    """The first bad item of a dict (msgspec loses the key) or of a set (no index)."""
+    args = typing.get_args(tp)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if found := _first_error(item, args[1] if len(args) == 2 else Any, (*path, key)):
+                return found
+    else:
+        for item in value:
+            if found := _first_error(item, args[0] if args else Any, path):
+                return _Invalid(path, f"has an invalid item: {found.problem}")
+    return _Invalid(path, f"must be {_describe(tp)}, {_got(value)}")
+
+
+def _at(problem: str, bad_key: bool, value: Any, tp: Any, path: FieldPath) -> _Invalid:
+    """The error at the end of msgspec's path, in this module's words."""
+    field = re.search(r"(missing required|contains unknown) field `(.*)`", problem)
+    if field:
+        kind = "is missing required" if field[1] == "missing required" else "has unknown"
+        return _Invalid(path, f"{kind} field {field[2]!r}", (*path, field[2]))
+    args = typing.get_args(tp)
+    if bad_key:
+        for key in value:
+            if found := _first_error(key, args[0], path):
+                return _Invalid(path, f"has an invalid key {key!r}: {found.problem}")
+    if typing.get_origin(tp) in _UNION_ORIGINS:  # report the arm the value was shaped for
+        errors = [_first_error(value, arm, path) for arm in args]
+        deeper = [error for error in errors if error and len(error.field_path) > len(path)]
+        if len(deeper) == 1:
+            return deeper[0]
+    elif _is_pydantic_model(tp) and not isinstance(value, tp):
+        try:
+            tp.model_validate(value)
+        except Exception as exc:
+            return _pydantic_invalid(exc, path)
+    elif _is_struct(tp) and isinstance(value, Mapping):  # checked lazily (self-reference)
+        if (found := _first_error(value, tp, path)) is not None:
+            return found
+    elif typing.get_origin(tp) is tuple and isinstance(value, list | tuple) and args[-1:] != (...,):
+        count = f"{len(args)} items ({_describe(tp)}), got {len(value)}"
+        if len(value) != len(args):
+            return _Invalid(path, f"must have {count}")
+    return _Invalid(path, f"must be {_must(tp)}, {_got(value)}")
 
 
 # --- pydantic (optional) ------------------------------------------------------------------
@@ -481,18 +444,6 @@ def _pydantic_invalid(exc: Exception, path: FieldPath) -> _Invalid:
     return _Invalid((*path, *loc), f"is invalid: {first.get('msg', exc)}{got}{suffix}")
 
 
-def _nested_pydantic_checker(cls: type) -> Checker:
-    def check(value: object, path: FieldPath) -> None:
-        if isinstance(value, cls):
-            return
-        try:
-            cls.model_validate(value)  # type: ignore[attr-defined]
-        except Exception as exc:
-            raise _pydantic_invalid(exc, path) from None
-
-    return check
-
-
 # --- public schemas -----------------------------------------------------------------------
 
 
@@ -521,14 +472,19 @@ class _StructSchema(PayloadSchema):
     def __init__(self, schema: type, where: str, kind: str) -> None:
         super().__init__(schema, where)
         self.kind = kind
+        try:  # lowered now, so an annotation nothing can check fails the definition
+            self.struct = _struct(schema)
+        except InvalidTaskOptions as exc:
+            raise InvalidTaskOptions(f"{where}: schema {schema.__qualname__}: {exc}") from None
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(payload, Mapping):
             raise _error(self.where, (), f"payload must be a dict, {_got(payload)}")
         try:
-            _struct(self.schema).check(payload, ())
-        except _Invalid as exc:
-            raise _error(self.where, exc.field_path, exc.render()) from None
+            msgspec.convert(payload, self.struct, **_OPTIONS)
+        except msgspec.ValidationError as exc:
+            invalid = _explain(str(exc), payload, self.schema, ())
+            raise _error(self.where, invalid.field_path, invalid.render()) from None
         return payload
 
 
