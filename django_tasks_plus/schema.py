@@ -1,20 +1,13 @@
 """Payload schemas: a task's payload (its arguments by name, see ``binding.py``) checked at
-enqueue and again in the worker, so a payload stored by an older deploy that no longer fits
-is dead-lettered with the reason instead of being run.
+enqueue and again in the worker, so a stored payload that no longer fits is dead-lettered.
 
-Accepted schemas: a dataclass, a TypedDict, a pydantic v2 model (only when pydantic is
-installed; it is never required) or a callable ``payload -> payload``. Errors name the
-offending value (``payload['user']['age'] must be int, got str ('x')``), and the
-``InvalidTaskArguments`` raised carries it as ``field_path`` (a tuple of keys and indexes).
-
-Dataclass and TypedDict schemas are checked by msgspec (``convert(strict=True)``): each
-annotation is *lowered* once, at definition time, into a type msgspec checks natively
-(dataclasses and TypedDicts become structs that refuse unknown fields). What msgspec
-cannot check (unions it refuses, nested pydantic models, self-references, other classes)
-becomes a *marker* class that msgspec hands back to ``_dec_hook``. Annotations nothing
-can check (TypeVar, unresolved strings, Callable) are refused at definition time. On an
-error, msgspec's path is walked through the payload and the original annotations, so the
-message names the annotation as the user wrote it.
+A dataclass or TypedDict schema is *lowered* once, at definition time, into a msgspec
+struct that refuses unknown fields, checked with ``msgspec.convert(strict=True)``. What
+msgspec cannot check (unions it refuses, nested pydantic models, self-references, other
+classes) becomes a *marker* class that msgspec hands to ``_dec_hook``; annotations nothing
+can check (TypeVar, unresolved names, Callable) fail the definition. msgspec's error path
+is walked through the payload and the original annotations, so messages read
+``payload['user']['age'] must be int, got str ('x')`` and carry a ``field_path``.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ import enum
 import re
 import types
 import typing
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -133,13 +125,8 @@ def _unwrap(tp: object) -> object:
 
 def _is_typeddict(cls: object) -> bool:
     """``typing.is_typeddict``, plus TypedDicts from ``typing_extensions``."""
-    if typing.is_typeddict(cls):
-        return True
-    return (
-        isinstance(cls, type)
-        and issubclass(cls, dict)
-        and hasattr(cls, "__required_keys__")
-        and hasattr(cls, "__optional_keys__")
+    return typing.is_typeddict(cls) or (
+        isinstance(cls, type) and issubclass(cls, dict) and hasattr(cls, "__required_keys__")
     )
 
 
@@ -154,11 +141,8 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 def _typeddict_required(cls: type, hints: dict[str, Any]) -> set[str]:
-    """``__required_keys__``, corrected by explicit ``Required``/``NotRequired`` markers.
-
-    Python 3.11 misses those markers when annotations are strings (``from __future__
-    import annotations``); the resolved hints still carry them, so they decide.
-    """
+    """``__required_keys__``, corrected by the ``Required``/``NotRequired`` of the resolved
+    hints (Python 3.11 misses them when annotations are strings)."""
     required = set(getattr(cls, "__required_keys__", hints))
     for name, hint in hints.items():
         while typing.get_origin(hint) in _WRAPPERS:
@@ -178,15 +162,14 @@ def _is_struct(tp: object) -> bool:
 
 
 class _Marker:
-    """Base of the classes msgspec passes to ``_dec_hook``; ``check`` raises ValueError."""
+    """Base of the classes msgspec hands to ``_dec_hook``; ``test`` says if a value fits."""
 
-    check: Callable[[Any], None]
+    test: Callable[[Any], bool]
 
 
 def _dec_hook(tp: type, value: Any) -> Any:
-    if not (isinstance(tp, type) and issubclass(tp, _Marker)):
-        raise TypeError(f"unexpected type {tp!r}")
-    tp.check(value)
+    if not (isinstance(tp, type) and issubclass(tp, _Marker)) or not tp.test(value):
+        raise ValueError(f"must be {tp.__qualname__}")  # msgspec adds the path
     return object.__new__(tp)  # msgspec wants an instance of the type it asked for
 
 
@@ -198,10 +181,14 @@ _OPTIONS: dict[str, Any] = {
 }
 
 
+def _marker(label: str, test: Callable[[Any], bool]) -> type[_Marker]:
+    return type(label, (_Marker,), {"test": staticmethod(test)})
+
+
 def _fits(value: Any, lowered: Any) -> bool:
     try:
         msgspec.convert(value, lowered, **_OPTIONS)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, ValueError):
         return False
     return True
 
@@ -209,25 +196,10 @@ def _fits(value: Any, lowered: Any) -> bool:
 def _accepted(lowered: Any) -> bool:
     """Whether msgspec supports a type (it raises TypeError when it first inspects it)."""
     try:
-        msgspec.convert(None, lowered, **_OPTIONS)
-    except msgspec.ValidationError:
-        pass
+        _fits(None, lowered)
     except TypeError:
         return False
     return True
-
-
-@lru_cache(maxsize=1024)
-def _marker(label: str, check: Callable[[Any], None]) -> type[_Marker]:
-    return type(label, (_Marker,), {"check": staticmethod(check)})
-
-
-def _failing(message: str, test: Callable[[Any], bool]) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if not test(value):
-            raise ValueError(message)
-
-    return check
 
 
 class _Unsupported(Exception):
@@ -254,8 +226,7 @@ def _lower_cached(tp: Any) -> Any:
         union = typing.Union[arms]  # type: ignore[valid-type]  # noqa: UP007
         if _accepted(union):
             return union
-        test = lambda value: any(_fits(value, arm) for arm in arms)  # noqa: E731
-        return _marker(_describe(tp), _failing(f"must be {_describe(tp)}", test))
+        return _marker(_describe(tp), lambda value: any(_fits(value, arm) for arm in arms))
     if origin is typing.Literal:
         lowered = tp
     elif origin in _CONTAINERS:
@@ -266,16 +237,21 @@ def _lower_cached(tp: Any) -> Any:
     elif not isinstance(tp, type) or tp is cabc.Callable:
         raise _Unsupported(f"{tp!r} cannot be checked (a TypeVar, an unresolved name or a form)")
     elif _is_pydantic_model(tp):
-        check = lambda value: isinstance(value, tp) or tp.model_validate(value)  # type: ignore[attr-defined]  # noqa: E731
-        return _marker(tp.__qualname__, check)
+        return _marker(tp.__qualname__, lambda value: _fits_pydantic(value, tp))
     elif isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
-        test = lambda value: _is_instance(value, tp)  # noqa: E731
-        return _marker(tp.__qualname__, _failing(f"must be {tp.__qualname__}", test))
+        return _marker(tp.__qualname__, lambda value: _is_instance(value, tp))
     else:
         lowered = tp
     if not _accepted(lowered):
         raise _Unsupported(f"{_describe(tp)} cannot be checked")
     return lowered
+
+
+def _fits_pydantic(value: object, model: Any) -> bool:
+    try:
+        return isinstance(value, model) or bool(model.model_validate(value))
+    except Exception:  # pydantic's ValidationError, or whatever a validator raises
+        return False
 
 
 def _is_instance(value: object, cls: type) -> bool:
@@ -291,8 +267,7 @@ def _struct(cls: type) -> Any:
     if cls in _STRUCTS:
         return _STRUCTS[cls]
     if cls in _BUILDING:
-        lazy = lambda value: _fits(value, _STRUCTS[cls])  # noqa: E731
-        return _marker(cls.__qualname__, _failing(f"must be {cls.__qualname__}", lazy))
+        return _marker(cls.__qualname__, lambda value: _fits(value, _STRUCTS[cls]))
     hints = _type_hints(cls)
     if dataclasses.is_dataclass(cls):
         fields = [field for field in dataclasses.fields(cls) if field.init]
@@ -406,9 +381,6 @@ def _at(problem: str, bad_key: bool, value: Any, tp: Any, path: FieldPath) -> _I
     return _Invalid(path, f"must be {_must(tp)}, {_got(value)}")
 
 
-# --- pydantic (optional) ------------------------------------------------------------------
-
-
 def _is_pydantic_model(obj: object) -> bool:
     """A pydantic v2 model class; pydantic is imported only if the object looks like one."""
     if not isinstance(obj, type) or getattr(obj, "model_validate", None) is None:
@@ -447,81 +419,57 @@ def _pydantic_invalid(exc: Exception, path: FieldPath) -> _Invalid:
 # --- public schemas -----------------------------------------------------------------------
 
 
-class PayloadSchema(ABC):
-    """A compiled ``schema=`` option: ``validate(payload)`` returns the payload or raises
-    ``InvalidTaskArguments`` whose message and ``field_path`` name the bad value."""
+class PayloadSchema:
+    """A compiled ``schema=`` option: ``validate(payload)`` returns the payload (a callable
+    schema may normalize it) or raises ``InvalidTaskArguments`` naming the bad value."""
 
-    kind: str = ""
-
-    def __init__(self, schema: Any, where: str) -> None:
-        self.schema = schema
-        self.where = where
-
-    @abstractmethod
-    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Return the payload (a callable schema may normalize it) or raise."""
+    def __init__(self, schema: Any, where: str, kind: str) -> None:
+        self.schema, self.where, self.kind = schema, where, kind
+        if kind in ("dataclass", "typeddict"):
+            try:  # lowered now, so an annotation nothing can check fails the definition
+                self.struct = _struct(schema)
+            except InvalidTaskOptions as exc:
+                raise InvalidTaskOptions(f"{where}: schema {schema.__qualname__}: {exc}") from None
 
     def __repr__(self) -> str:
         name = getattr(self.schema, "__qualname__", None) or repr(self.schema)
-        return f"<{type(self).__name__} {self.kind} {name} for {self.where}>"
-
-
-class _StructSchema(PayloadSchema):
-    """A dataclass or TypedDict: exact keys, each value checked against its annotation."""
-
-    def __init__(self, schema: type, where: str, kind: str) -> None:
-        super().__init__(schema, where)
-        self.kind = kind
-        try:  # lowered now, so an annotation nothing can check fails the definition
-            self.struct = _struct(schema)
-        except InvalidTaskOptions as exc:
-            raise InvalidTaskOptions(f"{where}: schema {schema.__qualname__}: {exc}") from None
-
-    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(payload, Mapping):
-            raise _error(self.where, (), f"payload must be a dict, {_got(payload)}")
-        try:
-            msgspec.convert(payload, self.struct, **_OPTIONS)
-        except msgspec.ValidationError as exc:
-            invalid = _explain(str(exc), payload, self.schema, ())
-            raise _error(self.where, invalid.field_path, invalid.render()) from None
-        return payload
-
-
-class _PydanticSchema(PayloadSchema):
-    """A pydantic model: validated with ``model_validate``; the caller's values are kept."""
-
-    kind = "pydantic"
+        return f"<PayloadSchema {self.kind} {name} for {self.where}>"
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            self.schema.model_validate(payload)
-        except Exception as exc:
-            invalid = _pydantic_invalid(exc, ())
-            raise _error(self.where, invalid.field_path, invalid.render()) from exc
+            return self._validate(payload)
+        except _Invalid as exc:
+            raise _error(self.where, exc.field_path, exc.render()) from exc.__cause__
+
+    def _validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.kind == "callable":
+            return self._call(payload)
+        if self.kind == "pydantic":
+            try:  # the caller's values are kept, not pydantic's coerced ones
+                self.schema.model_validate(payload)
+            except Exception as exc:
+                raise _pydantic_invalid(exc, ()) from exc
+        elif not isinstance(payload, Mapping):
+            raise _Invalid((), f"must be a dict, {_got(payload)}")
+        else:
+            try:
+                msgspec.convert(payload, self.struct, **_OPTIONS)
+            except msgspec.ValidationError as exc:
+                raise _explain(str(exc), payload, self.schema, ()) from None
         return payload
 
-
-class _CallableSchema(PayloadSchema):
-    """A function ``payload -> payload``: whatever it raises becomes the error message."""
-
-    kind = "callable"
-
-    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             result = self.schema(dict(payload))  # a copy: the caller's dict is not touched
         except Exception as exc:
             if isinstance(exc, ValueError | TypeError | AssertionError):
-                detail = str(exc) or type(exc).__name__
-            else:  # likely a bug in the schema function itself: say what kind
-                detail = f"{type(exc).__name__}: {exc}"
-            raise _error(self.where, (), f"payload is invalid: {detail}") from exc
+                raise _Invalid((), f"is invalid: {str(exc) or type(exc).__name__}") from exc
+            # likely a bug in the schema function itself: say what kind
+            raise _Invalid((), f"is invalid: {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, dict):
-            raise _error(
-                self.where,
-                (),
-                f"schema callable must return the payload dict, got {type(result).__name__}",
-            )
+            kind = type(result).__name__
+            text = f"schema callable must return the payload dict, got {kind}"
+            raise _error(self.where, (), text)
         return result
 
 
@@ -533,11 +481,11 @@ def compile_schema(schema: object, *, where: str) -> PayloadSchema:
     """
     if isinstance(schema, type) and typing.get_origin(schema) is None:
         if dataclasses.is_dataclass(schema):
-            return _StructSchema(schema, where, "dataclass")
+            return PayloadSchema(schema, where, "dataclass")
         if _is_typeddict(schema):
-            return _StructSchema(schema, where, "typeddict")
+            return PayloadSchema(schema, where, "typeddict")
         if _is_pydantic_model(schema):
-            return _PydanticSchema(schema, where)
+            return PayloadSchema(schema, where, "pydantic")
         raise InvalidTaskOptions(
             f"{where}: schema {schema.__qualname__} is a class but not a dataclass, TypedDict "
             f"or pydantic model; schema must be {ACCEPTED_KINDS}."
@@ -548,7 +496,7 @@ def compile_schema(schema: object, *, where: str) -> PayloadSchema:
             "pass the class itself."
         )
     if callable(schema) and typing.get_origin(schema) is None:
-        return _CallableSchema(schema, where)
+        return PayloadSchema(schema, where, "callable")
     raise InvalidTaskOptions(
         f"{where}: schema must be {ACCEPTED_KINDS}, got {type(schema).__name__} ({schema!r})."
     )
