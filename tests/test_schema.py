@@ -800,3 +800,62 @@ def test_pydantic_model_nested_in_a_dataclass():
     exc = error_of(schema, {"user": {"name": "Ada", "age": "old"}})
     assert exc.field_path == ("user", "age")
     assert str(exc).startswith("tests.tasks.send(): payload['user']['age'] is invalid: ")
+
+
+# --- what msgspec refuses, and what changed with it ---------------------------------------
+
+
+@dataclass
+class Either:
+    ref: str | uuid.UUID
+    who: User | Welcome | None = None
+    refs: list[str | datetime] = field(default_factory=list)
+    tree: int | Node = 0
+
+
+def test_unions_msgspec_refuses_are_checked_by_the_fallback():
+    schema = compile_schema(Either, where=WHERE)
+    payload = {
+        "ref": uuid.uuid4(),
+        "who": {"user_id": 1},
+        "refs": ["a", datetime(2024, 1, 1)],
+        "tree": {"value": 1, "children": [{"value": 2}]},
+    }
+    assert schema.validate(payload) is payload
+    assert schema.validate({"ref": "x", "who": {"name": "Ada", "age": 3}, "tree": 5})
+    exc = error_of(schema, {"ref": 3})
+    assert str(exc) == "tests.tasks.send(): payload['ref'] must be str | UUID, got int (3)"
+    assert exc.field_path == ("ref",)
+    item = error_of(schema, {"ref": "x", "refs": ["a", 2]})
+    assert str(item) == "tests.tasks.send(): payload['refs'][1] must be str | datetime, got int (2)"
+    assert item.field_path == ("refs", 1)
+    deep = error_of(schema, {"ref": "x", "tree": {"value": 1, "children": [{"value": "2"}]}})
+    assert str(deep) == (
+        "tests.tasks.send(): payload['tree']['children'][0]['value'] must be int, got str ('2')"
+    )
+    assert deep.field_path == ("tree", "children", 0, "value")
+
+
+def test_a_dataclass_instance_is_checked_field_by_field():
+    """main accepted any instance of the dataclass as is, whatever its fields held."""
+    schema = compile_schema(Signup, where=WHERE)
+    assert schema.validate({"user": User(name="Ada", age=36)})
+    exc = error_of(schema, {"user": User(name="Ada", age="old")})  # type: ignore[arg-type]
+    assert str(exc) == "tests.tasks.send(): payload['user']['age'] must be int, got str ('old')"
+    assert exc.field_path == ("user", "age")
+
+
+def test_a_date_field_wants_a_date_not_a_datetime_nor_a_string():
+    schema = compile_schema(Mixed, where=WHERE)
+    assert schema.validate({"id_or_user": 1, "day": date(2024, 1, 1)})
+    for value in (datetime(2024, 1, 1), "2024-01-01"):
+        assert "payload['day'] must be date | None" in str(
+            error_of(schema, {"id_or_user": 1, "day": value})
+        )
+
+
+def test_a_key_of_a_dict_value_error_is_found_again():
+    """msgspec reports ``$.scores[...]``; the message names the key."""
+    schema = compile_schema(Signup, where=WHERE)
+    exc = error_of(schema, signup(scores={"a": 1.0, "b": 2, "c": "x"}))
+    assert exc.field_path == ("scores", "c")
