@@ -18,6 +18,7 @@ import enum
 import re
 import types
 import typing
+from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -42,8 +43,9 @@ _WRAPPERS = tuple(
 )
 _TYPE_ALIAS = getattr(typing, "TypeAliasType", None)
 _UNION_ORIGINS = (typing.Union, types.UnionType)
-_CONTAINERS: tuple[Any, ...] = (list, tuple, set, frozenset, dict, cabc.Sequence, cabc.Set)
-_CONTAINERS += (cabc.MutableSequence, cabc.MutableSet, cabc.Mapping, cabc.MutableMapping)
+_CONTAINERS: tuple[Any, ...] = (list, tuple, set, frozenset, dict, deque, cabc.Sequence)
+_CONTAINERS += (cabc.Collection, cabc.Iterable, cabc.MutableSequence, cabc.Set, cabc.MutableSet)
+_CONTAINERS += (cabc.Mapping, cabc.MutableMapping)
 # Values the codec restores as themselves: a str is *not* a datetime here (no coercion).
 _BUILTINS = (datetime, date, time, timedelta, Decimal, UUID, bytes, bytearray)
 _AT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
@@ -188,7 +190,7 @@ def _marker(label: str, test: Callable[[Any], bool]) -> type[_Marker]:
 def _fits(value: Any, lowered: Any) -> bool:
     try:
         msgspec.convert(value, lowered, **_OPTIONS)
-    except (msgspec.ValidationError, ValueError):
+    except ValueError:  # msgspec's ValidationError too
         return False
     return True
 

@@ -422,11 +422,21 @@ class Generic(Generic_[T]):
     item: T
 
 
+class Point(enum.Enum):
+    ORIGIN = (0, 0)
+
+
+@dataclass
+class OddChoices:
+    point: Point
+
+
 @pytest.mark.parametrize(
     ("schema", "fragment"),
     [
         (WithHook, "schema WithHook: field WithHook.hook: Callable[[int], int] cannot be checked"),
         (Generic, "schema Generic: field Generic.item: ~T cannot be checked"),
+        (OddChoices, "schema OddChoices: field OddChoices.point: Point cannot be checked"),
     ],
 )
 def test_annotations_nothing_can_check_are_refused_at_definition(schema, fragment):
