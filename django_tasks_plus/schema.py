@@ -240,6 +240,8 @@ def _lower_cached(tp: Any) -> Any:
         raise _Unsupported(f"{tp!r} cannot be checked (a TypeVar, an unresolved name or a form)")
     elif _is_pydantic_model(tp):
         return _marker(tp.__qualname__, lambda value: _fits_pydantic(value, tp))
+    elif not _accepted(tp):
+        raise _Unsupported(f"{_describe(tp)} cannot be checked")
     elif isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
         return _marker(tp.__qualname__, lambda value: _is_instance(value, tp))
     else:
