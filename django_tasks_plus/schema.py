@@ -132,6 +132,7 @@ def _is_typeddict(cls: object) -> bool:
     )
 
 
+@lru_cache(maxsize=1024)
 def _type_hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls, include_extras=True)
