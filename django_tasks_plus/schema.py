@@ -16,6 +16,7 @@ import collections.abc as cabc
 import dataclasses
 import enum
 import re
+import threading
 import types
 import typing
 from collections import deque
@@ -210,6 +211,7 @@ class _Unsupported(Exception):
 
 
 _STRUCTS: dict[type, Any] = {}
+_LOCK = threading.RLock()
 _BUILDING: set[type] = set()
 
 
@@ -281,19 +283,25 @@ def _struct(cls: type) -> Any:
         required = {f.name for f in fields if f.default is missing and f.default_factory is missing}
     else:
         names, required = list(hints), _typeddict_required(cls, hints)
-    _BUILDING.add(cls)
-    try:
-        specs: list[Any] = []
-        for name in names:
-            try:
-                lowered = _lower(hints.get(name, Any))
-            except _Unsupported as exc:
-                raise InvalidTaskOptions(f"field {cls.__qualname__}.{name}: {exc}") from None
-            specs.append((name, lowered) if name in required else (name, lowered, None))
-        specs.sort(key=len)  # msgspec wants required fields first
-        struct = msgspec.defstruct(cls.__qualname__, specs, forbid_unknown_fields=True)
-    finally:
-        _BUILDING.discard(cls)
+    with _LOCK:
+        _BUILDING.add(cls)
+        try:
+            specs: list[Any] = []
+            rename: dict[str, str] = {}  # keys that cannot be attribute names get one
+            for index, name in enumerate(names):
+                try:
+                    lowered = _lower(hints.get(name, Any))
+                except _Unsupported as exc:
+                    raise InvalidTaskOptions(f"field {cls.__qualname__}.{name}: {exc}") from None
+                attr = name if name.isidentifier() and not name.startswith("__") else f"f{index}"
+                rename[attr] = name
+                specs.append((attr, lowered) if name in required else (attr, lowered, None))
+            specs.sort(key=len)  # msgspec wants required fields first
+            struct = msgspec.defstruct(
+                cls.__qualname__, specs, forbid_unknown_fields=True, rename=rename
+            )
+        finally:
+            _BUILDING.discard(cls)
     _STRUCTS[cls] = struct
     return struct
 

@@ -116,6 +116,9 @@ class Address(TypedDict):
     zip: NotRequired[str]
 
 
+Headers = TypedDict("Headers", {"content-type": str, "__x": NotRequired[int]})
+
+
 class Options(TypedDict, total=False):
     retries: int
     label: Required[str]
@@ -869,3 +872,13 @@ def test_a_key_of_a_dict_value_error_is_found_again():
     schema = compile_schema(Signup, where=WHERE)
     exc = error_of(schema, signup(scores={"a": 1.0, "b": 2, "c": "x"}))
     assert exc.field_path == ("scores", "c")
+
+
+def test_typeddict_keys_that_are_not_identifiers():
+    schema = compile_schema(Headers, where=WHERE)
+    assert schema.validate({"content-type": "text/plain", "__x": 1})
+    exc = error_of(schema, {"content-type": 1})
+    assert str(exc) == "tests.tasks.send(): payload['content-type'] must be str, got int (1)"
+    assert str(error_of(schema, {})) == (
+        "tests.tasks.send(): payload is missing required field 'content-type'"
+    )
