@@ -325,7 +325,7 @@ def _child(tp: object, key: Any) -> object:
     if origin in _UNION_ORIGINS:
         return next((c for c in (_child(arm, key) for arm in args) if c is not None), None)
     if _is_struct(tp):
-        return _type_hints(tp).get(key) if isinstance(key, str) else None  # type: ignore[arg-type]
+        return _type_hints(tp).get(key) if isinstance(key, str) else None
     if origin is tuple and args and args[-1] is not Ellipsis:
         return args[key] if isinstance(key, int) and key < len(args) else None
     if isinstance(origin, type) and issubclass(origin, cabc.Mapping):
