@@ -206,10 +206,6 @@ def _accepted(lowered: Any) -> bool:
     return True
 
 
-class _Unsupported(Exception):
-    """Internal: an annotation that nothing can check."""
-
-
 _STRUCTS: dict[type, Any] = {}
 _LOCK = threading.RLock()
 _BUILDING: set[type] = set()
@@ -238,19 +234,21 @@ def _lower_cached(tp: Any) -> Any:
         inner = tuple(arg if arg is Ellipsis else _lower(arg) for arg in args)
         lowered = origin[inner] if inner else origin
     elif origin is not None:
-        raise _Unsupported(f"{_describe(tp)} cannot be checked")
+        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
     elif not isinstance(tp, type) or tp is cabc.Callable:
-        raise _Unsupported(f"{tp!r} cannot be checked (a TypeVar, an unresolved name or a form)")
+        raise InvalidTaskOptions(
+            f"{tp!r} cannot be checked (a TypeVar, an unresolved name or a form)"
+        )
     elif _is_pydantic_model(tp):
         return _marker(tp.__qualname__, lambda value: _fits_pydantic(value, tp))
     elif not _accepted(tp):
-        raise _Unsupported(f"{_describe(tp)} cannot be checked")
+        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
     elif isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
         return _marker(tp.__qualname__, lambda value: _is_instance(value, tp))
     else:
         lowered = tp
     if not _accepted(lowered):
-        raise _Unsupported(f"{_describe(tp)} cannot be checked")
+        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
     return lowered
 
 
@@ -291,7 +289,7 @@ def _struct(cls: type) -> Any:
             for index, name in enumerate(names):
                 try:
                     lowered = _lower(hints.get(name, Any))
-                except _Unsupported as exc:
+                except InvalidTaskOptions as exc:  # the path to the field, from the outside in
                     raise InvalidTaskOptions(f"field {cls.__qualname__}.{name}: {exc}") from None
                 attr = name if name.isidentifier() and not name.startswith("__") else f"f{index}"
                 rename[attr] = name

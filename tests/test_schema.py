@@ -425,6 +425,11 @@ class Generic(Generic_[T]):
     item: T
 
 
+@dataclass
+class Wrapper:
+    inner: list[WithHook]
+
+
 class Point(enum.Enum):
     ORIGIN = (0, 0)
 
@@ -439,6 +444,11 @@ class OddChoices:
     [
         (WithHook, "schema WithHook: field WithHook.hook: Callable[[int], int] cannot be checked"),
         (Generic, "schema Generic: field Generic.item: ~T cannot be checked"),
+        (
+            Wrapper,
+            "schema Wrapper: field Wrapper.inner: field WithHook.hook: Callable[[int], int] "
+            "cannot be checked",
+        ),
         (OddChoices, "schema OddChoices: field OddChoices.point: Point cannot be checked"),
     ],
 )
