@@ -241,14 +241,12 @@ def _lower_cached(tp: Any) -> Any:
         )
     elif _is_pydantic_model(tp):
         return _marker(tp.__qualname__, lambda value: _fits_pydantic(value, tp))
-    elif not _accepted(tp):
-        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
-    elif isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
-        return _marker(tp.__qualname__, lambda value: _is_instance(value, tp))
     else:
         lowered = tp
     if not _accepted(lowered):
         raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
+    if isinstance(msgspec.inspect.type_info(lowered), msgspec.inspect.CustomType):
+        return _marker(tp.__qualname__, lambda value: _is_instance(value, tp))  # isinstance
     return lowered
 
 

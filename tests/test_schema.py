@@ -892,3 +892,23 @@ def test_typeddict_keys_that_are_not_identifiers():
     assert str(error_of(schema, {})) == (
         "tests.tasks.send(): payload is missing required field 'content-type'"
     )
+
+
+class Money:
+    """A value type of the user's own: checked with isinstance."""
+
+
+@dataclass
+class Invoice:
+    total: Money
+    refund: Money | None = None
+
+
+def test_other_classes_are_checked_with_isinstance():
+    schema = compile_schema(Invoice, where=WHERE)
+    assert schema.validate({"total": Money(), "refund": Money()})
+    exc = error_of(schema, {"total": "12 EUR"})
+    assert str(exc) == "tests.tasks.send(): payload['total'] must be Money, got str ('12 EUR')"
+    assert "payload['refund'] must be Money | None, got int (3)" in str(
+        error_of(schema, {"total": Money(), "refund": 3})
+    )
