@@ -20,6 +20,7 @@ from django.apps import apps
 from django.utils import timezone
 
 from . import compat, extensions
+from .binding import bind_payload, check_schema_signature
 from .breaker import Breaker, check_key, scoped_key
 from .exceptions import (
     InvalidRetryPolicy,
@@ -31,7 +32,7 @@ from .extensions import load_service_factories
 from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
-from .schema import PayloadSchema, bind_payload, check_schema_signature, compile_schema
+from .schema import PayloadSchema, compile_schema
 from .timebounds import as_delay, not_beyond_horizon
 
 ORDERING_FAILURES = ("continue", "block")

@@ -1,26 +1,13 @@
-"""Payload schemas: a task's arguments, by name, checked at enqueue and again in the worker.
+"""Payload schemas: a task's payload (its arguments by name, see ``binding.py``) checked at
+enqueue and again in the worker, so a stored payload that no longer fits is dead-lettered.
 
-A task declared with ``@task(schema=...)`` has a *payload*: its call bound to the function's
-parameter names, defaults filled in, ``**kwargs`` merged in and the ``context`` parameter
-left out. The schema is checked when the task is enqueued (fail fast, in the caller's
-request) and again in the worker just before the call, so a payload stored by an older
-deploy that no longer fits is dead-lettered with the reason instead of being run.
-
-Accepted schemas: a dataclass, a TypedDict, a pydantic v2 model (only when pydantic is
-installed; it is never required) or a callable ``payload -> payload``. Errors name the
-offending value (``payload['user']['age'] must be int, got str ('x')``), and the
-``InvalidTaskArguments`` raised carries it as ``field_path`` (a tuple of keys and indexes).
-
-Type rules for dataclass and TypedDict fields, chosen for payloads that went through JSON:
-
-* ``int`` refuses ``bool``; ``float`` accepts ``int`` (but not ``bool``).
-* ``tuple[...]`` accepts lists too, because a stored tuple comes back as a list.
-* ``Sequence[X]`` refuses ``str`` and ``bytes``: a string is almost never meant there.
-* Enums accept a member or the exact value of one (what storage gives back).
-* Nested dataclasses and TypedDicts are given as dicts and checked field by field; a
-  dataclass instance is accepted as is.
-* Annotation forms this module does not understand accept any value: the schema must
-  never be the thing that crashes.
+A dataclass or TypedDict schema is *lowered* once, at definition time, into a msgspec
+struct that refuses unknown fields, checked with ``msgspec.convert(strict=True)``. What
+msgspec cannot check (unions it refuses, nested pydantic models, self-references, other
+classes) becomes a *marker* class that msgspec hands to ``_dec_hook``; annotations nothing
+can check (TypeVar, unresolved names, Callable) fail the definition. msgspec's error path
+is walked through the payload and the original annotations, so messages read
+``payload['user']['age'] must be int, got str ('x')`` and carry a ``field_path``.
 """
 
 from __future__ import annotations
@@ -28,41 +15,41 @@ from __future__ import annotations
 import collections.abc as cabc
 import dataclasses
 import enum
-import inspect
+import re
+import threading
 import types
 import typing
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
+from uuid import UUID
+
+import msgspec
 
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions
 
 FieldPath = tuple[Any, ...]
-Checker = Callable[[Any, FieldPath], None]
 
 ACCEPTED_KINDS = (
     "a dataclass, a TypedDict or a pydantic model class, or a callable that takes the "
     "payload dict and returns it"
 )
-
-# Wrappers that qualify a type without changing what values it accepts.
 _WRAPPERS = tuple(
     form
-    for form in (
-        typing.Annotated,
-        typing.Required,
-        typing.NotRequired,
-        typing.Final,
-        getattr(typing, "ReadOnly", None),
-    )
-    if form is not None
+    for form in (typing.Annotated, typing.Required, typing.NotRequired, typing.Final)
+    + ((typing.ReadOnly,) if hasattr(typing, "ReadOnly") else ())
 )
 _TYPE_ALIAS = getattr(typing, "TypeAliasType", None)
 _UNION_ORIGINS = (typing.Union, types.UnionType)
-
-
-# --- errors -----------------------------------------------------------------------------
+_CONTAINERS: tuple[Any, ...] = (list, tuple, set, frozenset, dict, deque, cabc.Sequence)
+_CONTAINERS += (cabc.Collection, cabc.Iterable, cabc.MutableSequence, cabc.Set, cabc.MutableSet)
+_CONTAINERS += (cabc.Mapping, cabc.MutableMapping)
+# Values the codec restores as themselves: a str is *not* a datetime here (no coercion).
+_BUILTINS = (datetime, date, time, timedelta, Decimal, UUID, bytes, bytearray)
+_AT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 
 
 class _Invalid(Exception):
@@ -70,8 +57,7 @@ class _Invalid(Exception):
 
     def __init__(self, path: FieldPath, problem: str, field_path: FieldPath | None = None):
         super().__init__(problem)
-        self.path = path
-        self.problem = problem
+        self.path, self.problem = path, problem
         self.field_path = path if field_path is None else field_path
 
     def render(self) -> str:
@@ -84,28 +70,24 @@ def render_path(path: FieldPath) -> str:
 
 
 def _error(where: str, field_path: FieldPath, text: str) -> InvalidTaskArguments:
-    """Our public error, with the path also available to code (``exc.field_path``)."""
     return InvalidTaskArguments(f"{where}(): {text}", field_path=field_path)
 
 
 def _got(value: object) -> str:
     """``got str ('x')``: the type and a short repr, so long values keep messages short."""
     text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"got {type(value).__name__} ({text})"
+    return f"got {type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
 
 
 def _describe(tp: object) -> str:
     """A readable name for an annotation: ``list[int]``, ``int | None``, ``User``."""
     if tp is None or tp is type(None):
         return "None"
-    if tp is Ellipsis:
-        return "..."
-    if tp is Any:
-        return "Any"
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    if isinstance(tp, list):  # Callable's parameters
+        return f"[{', '.join(_describe(arg) for arg in tp)}]"
+    if tp is Ellipsis or tp is Any:
+        return "..." if tp is Ellipsis else "Any"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in _UNION_ORIGINS:
         return " | ".join(_describe(arg) for arg in args)
     if origin is typing.Literal:
@@ -115,21 +97,20 @@ def _describe(tp: object) -> str:
         if origin is tuple and not args:
             return "tuple[()]"
         return f"{name}[{', '.join(_describe(arg) for arg in args)}]" if args else name
-    if isinstance(tp, type):
-        return tp.__qualname__
-    return repr(tp).replace("typing.", "")
+    return tp.__qualname__ if isinstance(tp, type) else repr(tp).replace("typing.", "")
 
 
-# --- compiling annotations into checkers --------------------------------------------------
-
-
-def _accept(value: object, path: FieldPath) -> None:
-    """Checker for ``Any`` and for annotation forms we do not understand."""
-
-
-def _check_none(value: object, path: FieldPath) -> None:
-    if value is not None:
-        raise _Invalid(path, f"must be None, {_got(value)}")
+def _must(tp: object) -> str:
+    """What ``must be`` says for an annotation, enums and literals listing their choices."""
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [repr(member.value) for member in tp]
+        shown = ", ".join(values[:10]) + (", ..." if len(values) > 10 else "")
+        return f"{tp.__qualname__} (a member or one of {shown})"
+    if _is_struct(tp):
+        return f"a dict of {tp.__qualname__} fields"  # type: ignore[attr-defined]
+    return _describe(tp)
 
 
 def _unwrap(tp: object) -> object:
@@ -145,243 +126,14 @@ def _unwrap(tp: object) -> object:
             return tp
 
 
-def _compile(tp: object) -> Checker:
-    """A function that raises ``_Invalid`` when a value does not fit the annotation ``tp``."""
-    tp = _unwrap(tp)
-    if tp is Any or tp is object:
-        return _accept
-    if tp is None or tp is type(None):
-        return _check_none
-    if tp is typing.Tuple:  # noqa: UP006 - bare typing.Tuple means any tuple, not tuple[()]
-        return _compile_class(tuple)
-    origin = typing.get_origin(tp)
-    if origin is not None:
-        return _compile_generic(tp, origin, typing.get_args(tp))
-    if isinstance(tp, type):
-        return _compile_class(tp)
-    return _accept  # TypeVar, unresolved ForwardRef, strings, anything new
-
-
-def _isinstance_checker(cls: type, label: str) -> Checker:
-    def check(value: object, path: FieldPath) -> None:
-        try:
-            ok = isinstance(value, cls)
-        except TypeError:  # e.g. a Protocol that is not runtime_checkable
-            return
-        if not ok:
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-
-    return check
-
-
-def _compile_class(cls: type) -> Checker:
-    """Checker for a plain class annotation (no type arguments)."""
-    if cls is bool:
-        return _isinstance_checker(bool, "bool")
-    if cls is int:
-
-        def check_int(value: object, path: FieldPath) -> None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise _Invalid(path, f"must be int, {_got(value)}")
-
-        return check_int
-    if cls is float:
-
-        def check_float(value: object, path: FieldPath) -> None:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise _Invalid(path, f"must be float, {_got(value)}")
-
-        return check_float
-    if cls is tuple:
-        return _isinstance_checker((list, tuple), "tuple")  # type: ignore[arg-type]
-    if issubclass(cls, enum.Enum):
-        return _enum_checker(cls)
-    if dataclasses.is_dataclass(cls) or _is_typeddict(cls):
-        return _nested_struct_checker(cls)
-    if _is_pydantic_model(cls):
-        return _nested_pydantic_checker(cls)
-    return _isinstance_checker(cls, cls.__qualname__)
-
-
-def _compile_generic(tp: object, origin: Any, args: tuple[Any, ...]) -> Checker:
-    """Checker for a parameterized annotation: unions, literals, containers."""
-    if origin is typing.Literal:
-        return _literal_checker(args)
-    if origin in _UNION_ORIGINS:
-        return _union_checker(args)
-    if not isinstance(origin, type):
-        return _accept
-    if origin is tuple:
-        return _tuple_checker(tp, args)
-    if issubclass(origin, cabc.Mapping):
-        return _mapping_checker(tp, origin, args)
-    if issubclass(origin, cabc.Set):
-        return _set_checker(tp, origin, args)
-    if issubclass(origin, cabc.Sequence):
-        return _sequence_checker(tp, origin, args)
-    return _isinstance_checker(origin, _describe(tp))
-
-
-def _same_literal(value: object, allowed: object) -> bool:
-    """Equal and of the same type (so ``True`` is not ``1``); an enum also matches its value."""
-    if type(value) is type(allowed) and value == allowed:
-        return True
-    if isinstance(allowed, enum.Enum):
-        return type(value) is type(allowed.value) and value == allowed.value
-    return False
-
-
-def _literal_checker(allowed: tuple[Any, ...]) -> Checker:
-    choices = ", ".join(repr(item) for item in allowed)
-
-    def check(value: object, path: FieldPath) -> None:
-        if not any(_same_literal(value, item) for item in allowed):
-            raise _Invalid(path, f"must be one of {choices}, {_got(value)}")
-
-    return check
-
-
-def _union_checker(arms: tuple[Any, ...]) -> Checker:
-    """First arm that fits wins. If the value fit one arm's shape but failed deeper inside
-    it (a list with one bad item), that deeper error is the useful one to report."""
-    checkers = [_compile(arm) for arm in arms]
-    label = " | ".join(_describe(arm) for arm in arms)
-
-    def check(value: object, path: FieldPath) -> None:
-        deeper: list[_Invalid] = []
-        for checker in checkers:
-            try:
-                checker(value, path)
-            except _Invalid as exc:
-                if len(exc.field_path) > len(path):
-                    deeper.append(exc)
-            else:
-                return
-        if len(deeper) == 1:
-            raise deeper[0]
-        raise _Invalid(path, f"must be {label}, {_got(value)}")
-
-    return check
-
-
-def _tuple_checker(tp: object, args: tuple[Any, ...]) -> Checker:
-    """``tuple[X, ...]`` or fixed ``tuple[X, Y]``; lists pass because JSON has no tuples."""
-    label = _describe(tp)
-    if len(args) == 2 and args[1] is Ellipsis:
-        return _items_checker((list, tuple), label, _compile(args[0]))
-    items = [_compile(arg) for arg in args]
-
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, list | tuple):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        if len(value) != len(items):
-            raise _Invalid(path, f"must have {len(items)} items ({label}), got {len(value)}")
-        for index, (item, checker) in enumerate(zip(value, items, strict=True)):
-            checker(item, (*path, index))
-
-    return check
-
-
-def _items_checker(accepted: type | tuple[type, ...], label: str, item: Checker) -> Checker:
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, accepted) or isinstance(value, str | bytes | bytearray):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for index, element in enumerate(cast("Iterable[object]", value)):
-            item(element, (*path, index))
-
-    return check
-
-
-def _sequence_checker(tp: object, origin: type, args: tuple[Any, ...]) -> Checker:
-    """``list[X]`` wants a list; ``Sequence[X]`` any sequence but a string."""
-    item = _compile(args[0]) if args else _accept
-    return _items_checker(origin, _describe(tp), item)
-
-
-def _set_checker(tp: object, origin: type, args: tuple[Any, ...]) -> Checker:
-    label = _describe(tp)
-    item = _compile(args[0]) if args else _accept
-
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, origin):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for element in value:  # type: ignore[attr-defined]
-            try:
-                item(element, path)
-            except _Invalid as exc:  # set items have no index to point at
-                raise _Invalid(path, f"has an invalid item: {exc.problem}") from None
-
-    return check
-
-
-def _mapping_checker(tp: object, origin: type, args: tuple[Any, ...]) -> Checker:
-    label = _describe(tp)
-    key_check = _compile(args[0]) if len(args) == 2 else _accept
-    value_check = _compile(args[1]) if len(args) == 2 else _accept
-
-    def check(value: object, path: FieldPath) -> None:
-        if not isinstance(value, origin):
-            raise _Invalid(path, f"must be {label}, {_got(value)}")
-        for key, item in value.items():  # type: ignore[attr-defined]
-            try:
-                key_check(key, path)
-            except _Invalid as exc:
-                raise _Invalid(path, f"has an invalid key {key!r}: {exc.problem}") from None
-            value_check(item, (*path, key))
-
-    return check
-
-
-def _enum_checker(cls: type[enum.Enum]) -> Checker:
-    """A member, or the exact value of one: storage keeps values, not members."""
-    values = [member.value for member in cls]
-    shown = ", ".join(repr(v) for v in values[:10]) + (", ..." if len(values) > 10 else "")
-
-    def check(value: object, path: FieldPath) -> None:
-        if isinstance(value, cls):
-            return
-        if any(type(value) is type(v) and value == v for v in values):
-            return
-        raise _Invalid(
-            path, f"must be {cls.__qualname__} (a member or one of {shown}), {_got(value)}"
-        )
-
-    return check
-
-
-# --- dataclasses and TypedDicts -----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Struct:
-    """The compiled fields of a dataclass or TypedDict: built once, reused per payload."""
-
-    checkers: dict[str, Checker]
-    required: tuple[str, ...]
-
-    def check(self, value: Mapping[str, Any], path: FieldPath) -> None:
-        for name in self.required:
-            if name not in value:
-                raise _Invalid(path, f"is missing required field {name!r}", (*path, name))
-        for key in value:
-            if key not in self.checkers:
-                raise _Invalid(path, f"has unknown field {key!r}", (*path, key))
-        for key, item in value.items():
-            self.checkers[key](item, (*path, key))
-
-
 def _is_typeddict(cls: object) -> bool:
     """``typing.is_typeddict``, plus TypedDicts from ``typing_extensions``."""
-    if typing.is_typeddict(cls):
-        return True
-    return (
-        isinstance(cls, type)
-        and issubclass(cls, dict)
-        and hasattr(cls, "__required_keys__")
-        and hasattr(cls, "__optional_keys__")
+    return typing.is_typeddict(cls) or (
+        isinstance(cls, type) and issubclass(cls, dict) and hasattr(cls, "__required_keys__")
     )
 
 
+@lru_cache(maxsize=1024)
 def _type_hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls, include_extras=True)
@@ -393,11 +145,8 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 def _typeddict_required(cls: type, hints: dict[str, Any]) -> set[str]:
-    """``__required_keys__``, corrected by explicit ``Required``/``NotRequired`` markers.
-
-    Python 3.11 misses those markers when annotations are strings (``from __future__
-    import annotations``); the resolved hints still carry them, so they decide.
-    """
+    """``__required_keys__``, corrected by the ``Required``/``NotRequired`` of the resolved
+    hints (Python 3.11 misses them when annotations are strings)."""
     required = set(getattr(cls, "__required_keys__", hints))
     for name, hint in hints.items():
         while typing.get_origin(hint) in _WRAPPERS:
@@ -409,42 +158,236 @@ def _typeddict_required(cls: type, hints: dict[str, Any]) -> set[str]:
     return required
 
 
+def _is_struct(tp: object) -> bool:
+    return isinstance(tp, type) and (dataclasses.is_dataclass(tp) or _is_typeddict(tp))
+
+
+# --- lowering annotations to what msgspec checks --------------------------------------
+
+
+class _Marker:
+    """Base of the classes msgspec hands to ``_dec_hook``; ``test`` says if a value fits."""
+
+    test: Callable[[Any], bool]
+
+
+def _dec_hook(tp: type, value: Any) -> Any:
+    if not (isinstance(tp, type) and issubclass(tp, _Marker)) or not tp.test(value):
+        raise ValueError(f"must be {tp.__qualname__}")  # msgspec adds the path
+    return object.__new__(tp)  # msgspec wants an instance of the type it asked for
+
+
+_OPTIONS: dict[str, Any] = {
+    "strict": True,
+    "from_attributes": True,  # a dataclass instance is checked by its attributes
+    "dec_hook": _dec_hook,
+    "builtin_types": _BUILTINS,
+}
+
+
+def _marker(label: str, test: Callable[[Any], bool]) -> type[_Marker]:
+    return type(label, (_Marker,), {"test": staticmethod(test)})
+
+
+def _fits(value: Any, lowered: Any) -> bool:
+    try:
+        msgspec.convert(value, lowered, **_OPTIONS)
+    except ValueError:  # msgspec's ValidationError too
+        return False
+    return True
+
+
+def _accepted(lowered: Any) -> bool:
+    """Whether msgspec supports a type (it raises TypeError when it first inspects it)."""
+    try:
+        _fits(None, lowered)
+    except TypeError:
+        return False
+    return True
+
+
+_STRUCTS: dict[type, Any] = {}
+_LOCK = threading.RLock()
+_BUILDING: set[type] = set()
+
+
+def _lower(tp: object) -> Any:
+    """The type msgspec checks for an annotation (classes cached by ``_struct``)."""
+    tp = _unwrap(tp)
+    return _struct(tp) if _is_struct(tp) else _lower_cached(tp)  # type: ignore[arg-type]
+
+
 @lru_cache(maxsize=1024)
-def _struct(cls: type) -> _Struct:
-    """Compile a dataclass or TypedDict once; nested ones are compiled on first use, which
-    also keeps self-referencing schemas (a tree of nodes) from recursing forever."""
+def _lower_cached(tp: Any) -> Any:
+    if tp is Any or tp is object or tp is None or tp is type(None):
+        return Any if tp is object else tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNION_ORIGINS:
+        arms = tuple(_lower(arm) for arm in args)
+        union = typing.Union[arms]  # type: ignore[valid-type]  # noqa: UP007
+        if _accepted(union):
+            return union
+        return _marker(_describe(tp), lambda value: any(_fits(value, arm) for arm in arms))
+    if origin is typing.Literal:
+        lowered = tp
+    elif origin in _CONTAINERS:
+        inner = tuple(arg if arg is Ellipsis else _lower(arg) for arg in args)
+        lowered = origin[inner] if inner else origin
+    elif origin is not None:
+        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
+    elif not isinstance(tp, type) or tp is cabc.Callable:
+        raise InvalidTaskOptions(
+            f"{tp!r} cannot be checked (a TypeVar, an unresolved name or a form)"
+        )
+    elif _is_pydantic_model(tp):
+        return _marker(tp.__qualname__, lambda value: _fits_pydantic(value, tp))
+    else:
+        lowered = tp
+    if not _accepted(lowered):
+        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
+    if isinstance(msgspec.inspect.type_info(lowered), msgspec.inspect.CustomType):
+        return _marker(tp.__qualname__, lambda value: _is_instance(value, tp))  # isinstance
+    return lowered
+
+
+def _fits_pydantic(value: object, model: Any) -> bool:
+    try:
+        return isinstance(value, model) or bool(model.model_validate(value))
+    except Exception:  # pydantic's ValidationError, or whatever a validator raises
+        return False
+
+
+def _is_instance(value: object, cls: type) -> bool:
+    try:
+        return isinstance(value, cls)
+    except TypeError:  # a Protocol that is not runtime_checkable: nothing to check
+        return True
+
+
+def _struct(cls: type) -> Any:
+    """A msgspec struct with the fields of a dataclass or TypedDict, refusing unknown keys.
+    A class met again while its own struct is built (a tree of nodes) is checked lazily."""
+    if cls in _STRUCTS:
+        return _STRUCTS[cls]
+    if cls in _BUILDING:
+        return _marker(cls.__qualname__, lambda value: _fits(value, _STRUCTS[cls]))
     hints = _type_hints(cls)
     if dataclasses.is_dataclass(cls):
         fields = [field for field in dataclasses.fields(cls) if field.init]
         names = [field.name for field in fields]
-        required = {
-            field.name
-            for field in fields
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        }
+        missing = dataclasses.MISSING
+        required = {f.name for f in fields if f.default is missing and f.default_factory is missing}
     else:
-        names = list(hints)
-        required = _typeddict_required(cls, hints)
-    return _Struct(
-        checkers={name: _compile(hints.get(name, Any)) for name in names},
-        required=tuple(name for name in names if name in required),
-    )
+        names, required = list(hints), _typeddict_required(cls, hints)
+    with _LOCK:
+        _BUILDING.add(cls)
+        try:
+            specs: list[Any] = []
+            rename: dict[str, str] = {}  # keys that cannot be attribute names get one
+            for index, name in enumerate(names):
+                try:
+                    lowered = _lower(hints.get(name, Any))
+                except InvalidTaskOptions as exc:  # the path to the field, from the outside in
+                    raise InvalidTaskOptions(f"field {cls.__qualname__}.{name}: {exc}") from None
+                attr = name if name.isidentifier() and not name.startswith("__") else f"f{index}"
+                rename[attr] = name
+                specs.append((attr, lowered) if name in required else (attr, lowered, None))
+            specs.sort(key=len)  # msgspec wants required fields first
+            struct = msgspec.defstruct(
+                cls.__qualname__, specs, forbid_unknown_fields=True, rename=rename
+            )
+        finally:
+            _BUILDING.discard(cls)
+    _STRUCTS[cls] = struct
+    return struct
 
 
-def _nested_struct_checker(cls: type) -> Checker:
-    is_dataclass = dataclasses.is_dataclass(cls)
-
-    def check(value: object, path: FieldPath) -> None:
-        if is_dataclass and isinstance(value, cls):
-            return
-        if not isinstance(value, Mapping):
-            raise _Invalid(path, f"must be a dict of {cls.__qualname__} fields, {_got(value)}")
-        _struct(cls).check(value, path)
-
-    return check
+# --- explaining an error ---------------------------------------------------------------
 
 
-# --- pydantic (optional) ------------------------------------------------------------------
+def _first_error(value: Any, tp: object, path: FieldPath) -> _Invalid | None:
+    """None if ``value`` fits the annotation ``tp``, else where and why it does not."""
+    try:
+        msgspec.convert(value, _lower(tp), **_OPTIONS)
+    except msgspec.ValidationError as exc:
+        return _explain(str(exc), value, tp, path)
+    return None
+
+
+def _child(tp: object, key: Any) -> object:
+    """The annotation of ``key`` inside a value annotated ``tp``."""
+    tp = _unwrap(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNION_ORIGINS:
+        return next((c for c in (_child(arm, key) for arm in args) if c is not None), None)
+    if _is_struct(tp):
+        return _type_hints(tp).get(key) if isinstance(key, str) else None
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return args[key] if isinstance(key, int) and key < len(args) else None
+    if isinstance(origin, type) and issubclass(origin, cabc.Mapping):
+        return args[1] if len(args) == 2 else Any
+    if isinstance(origin, type) and issubclass(origin, cabc.Iterable):
+        return args[0] if args else Any
+    return Any if tp is Any or tp in _CONTAINERS else None
+
+
+def _explain(message: str, value: Any, tp: object, path: FieldPath) -> _Invalid:
+    """Our error from msgspec's: its path walked through the payload and annotations."""
+    problem, _, at = message.rpartition(" - at `") if " - at `" in message else (message, "", "")
+    for name, index in _AT.findall(at.rpartition("`$")[2].rstrip("`")):
+        origin = typing.get_origin(_unwrap(tp))
+        if index == "..." or origin in (set, frozenset, cabc.Set, cabc.MutableSet):
+            return _in_collection(value, _unwrap(tp), path)
+        key: Any = int(index) if index else name
+        tp = _child(tp, key)
+        value = value[key] if isinstance(value, Mapping | list | tuple) else getattr(value, key)
+        path = (*path, key)
+    return _at(problem, at.startswith("key` in"), value, _unwrap(tp), path)
+
+
+def _in_collection(value: Any, tp: object, path: FieldPath) -> _Invalid:
+    """The first bad item of a dict (msgspec loses the key) or of a set (no index)."""
+    args = typing.get_args(tp)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if found := _first_error(item, args[1] if len(args) == 2 else Any, (*path, key)):
+                return found
+    else:
+        for item in value:
+            if found := _first_error(item, args[0] if args else Any, path):
+                return _Invalid(path, f"has an invalid item: {found.problem}")
+    return _Invalid(path, f"must be {_describe(tp)}, {_got(value)}")
+
+
+def _at(problem: str, bad_key: bool, value: Any, tp: Any, path: FieldPath) -> _Invalid:
+    """The error at the end of msgspec's path, in this module's words."""
+    field = re.search(r"(missing required|contains unknown) field `(.*)`", problem)
+    if field:
+        kind = "is missing required" if field[1] == "missing required" else "has unknown"
+        return _Invalid(path, f"{kind} field {field[2]!r}", (*path, field[2]))
+    args = typing.get_args(tp)
+    if bad_key:
+        for key in value:
+            if found := _first_error(key, args[0], path):
+                return _Invalid(path, f"has an invalid key {key!r}: {found.problem}")
+    if typing.get_origin(tp) in _UNION_ORIGINS:  # report the arm the value was shaped for
+        errors = [_first_error(value, arm, path) for arm in args]
+        deeper = [error for error in errors if error and len(error.field_path) > len(path)]
+        if len(deeper) == 1:
+            return deeper[0]
+    elif _is_pydantic_model(tp) and not isinstance(value, tp):
+        try:
+            tp.model_validate(value)
+        except Exception as exc:
+            return _pydantic_invalid(exc, path)
+    elif _is_struct(tp) and isinstance(value, Mapping):  # checked lazily (self-reference)
+        if (found := _first_error(value, tp, path)) is not None:
+            return found
+    elif typing.get_origin(tp) is tuple and isinstance(value, list | tuple) and args[-1:] != (...,):
+        count = f"{len(args)} items ({_describe(tp)}), got {len(value)}"
+        if len(value) != len(args):
+            return _Invalid(path, f"must have {count}")
+    return _Invalid(path, f"must be {_must(tp)}, {_got(value)}")
 
 
 def _is_pydantic_model(obj: object) -> bool:
@@ -482,91 +425,60 @@ def _pydantic_invalid(exc: Exception, path: FieldPath) -> _Invalid:
     return _Invalid((*path, *loc), f"is invalid: {first.get('msg', exc)}{got}{suffix}")
 
 
-def _nested_pydantic_checker(cls: type) -> Checker:
-    def check(value: object, path: FieldPath) -> None:
-        if isinstance(value, cls):
-            return
-        try:
-            cls.model_validate(value)  # type: ignore[attr-defined]
-        except Exception as exc:
-            raise _pydantic_invalid(exc, path) from None
-
-    return check
-
-
 # --- public schemas -----------------------------------------------------------------------
 
 
-class PayloadSchema(ABC):
-    """A compiled ``schema=`` option: ``validate(payload)`` returns the payload or raises
-    ``InvalidTaskArguments`` whose message and ``field_path`` name the bad value."""
+class PayloadSchema:
+    """A compiled ``schema=`` option: ``validate(payload)`` returns the payload (a callable
+    schema may normalize it) or raises ``InvalidTaskArguments`` naming the bad value."""
 
-    kind: str = ""
-
-    def __init__(self, schema: Any, where: str) -> None:
-        self.schema = schema
-        self.where = where
-
-    @abstractmethod
-    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Return the payload (a callable schema may normalize it) or raise."""
+    def __init__(self, schema: Any, where: str, kind: str) -> None:
+        self.schema, self.where, self.kind = schema, where, kind
+        if kind in ("dataclass", "typeddict"):
+            try:  # lowered now, so an annotation nothing can check fails the definition
+                self.struct = _struct(schema)
+            except InvalidTaskOptions as exc:
+                raise InvalidTaskOptions(f"{where}: schema {schema.__qualname__}: {exc}") from None
 
     def __repr__(self) -> str:
         name = getattr(self.schema, "__qualname__", None) or repr(self.schema)
-        return f"<{type(self).__name__} {self.kind} {name} for {self.where}>"
-
-
-class _StructSchema(PayloadSchema):
-    """A dataclass or TypedDict: exact keys, each value checked against its annotation."""
-
-    def __init__(self, schema: type, where: str, kind: str) -> None:
-        super().__init__(schema, where)
-        self.kind = kind
+        return f"<PayloadSchema {self.kind} {name} for {self.where}>"
 
     def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(payload, Mapping):
-            raise _error(self.where, (), f"payload must be a dict, {_got(payload)}")
         try:
-            _struct(self.schema).check(payload, ())
+            return self._validate(payload)
         except _Invalid as exc:
-            raise _error(self.where, exc.field_path, exc.render()) from None
+            raise _error(self.where, exc.field_path, exc.render()) from exc.__cause__
+
+    def _validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.kind == "callable":
+            return self._call(payload)
+        if self.kind == "pydantic":
+            try:  # the caller's values are kept, not pydantic's coerced ones
+                self.schema.model_validate(payload)
+            except Exception as exc:
+                raise _pydantic_invalid(exc, ()) from exc
+        elif not isinstance(payload, Mapping):
+            raise _Invalid((), f"must be a dict, {_got(payload)}")
+        else:
+            try:
+                msgspec.convert(payload, self.struct, **_OPTIONS)
+            except msgspec.ValidationError as exc:
+                raise _explain(str(exc), payload, self.schema, ()) from None
         return payload
 
-
-class _PydanticSchema(PayloadSchema):
-    """A pydantic model: validated with ``model_validate``; the caller's values are kept."""
-
-    kind = "pydantic"
-
-    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        try:
-            self.schema.model_validate(payload)
-        except Exception as exc:
-            invalid = _pydantic_invalid(exc, ())
-            raise _error(self.where, invalid.field_path, invalid.render()) from exc
-        return payload
-
-
-class _CallableSchema(PayloadSchema):
-    """A function ``payload -> payload``: whatever it raises becomes the error message."""
-
-    kind = "callable"
-
-    def validate(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             result = self.schema(dict(payload))  # a copy: the caller's dict is not touched
         except Exception as exc:
             if isinstance(exc, ValueError | TypeError | AssertionError):
-                detail = str(exc) or type(exc).__name__
-            else:  # likely a bug in the schema function itself: say what kind
-                detail = f"{type(exc).__name__}: {exc}"
-            raise _error(self.where, (), f"payload is invalid: {detail}") from exc
+                raise _Invalid((), f"is invalid: {str(exc) or type(exc).__name__}") from exc
+            # likely a bug in the schema function itself: say what kind
+            raise _Invalid((), f"is invalid: {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, dict):
-            raise _error(
-                self.where,
-                (),
-                f"schema callable must return the payload dict, got {type(result).__name__}",
-            )
+            kind = type(result).__name__
+            text = f"schema callable must return the payload dict, got {kind}"
+            raise _error(self.where, (), text)
         return result
 
 
@@ -578,11 +490,11 @@ def compile_schema(schema: object, *, where: str) -> PayloadSchema:
     """
     if isinstance(schema, type) and typing.get_origin(schema) is None:
         if dataclasses.is_dataclass(schema):
-            return _StructSchema(schema, where, "dataclass")
+            return PayloadSchema(schema, where, "dataclass")
         if _is_typeddict(schema):
-            return _StructSchema(schema, where, "typeddict")
+            return PayloadSchema(schema, where, "typeddict")
         if _is_pydantic_model(schema):
-            return _PydanticSchema(schema, where)
+            return PayloadSchema(schema, where, "pydantic")
         raise InvalidTaskOptions(
             f"{where}: schema {schema.__qualname__} is a class but not a dataclass, TypedDict "
             f"or pydantic model; schema must be {ACCEPTED_KINDS}."
@@ -593,141 +505,10 @@ def compile_schema(schema: object, *, where: str) -> PayloadSchema:
             "pass the class itself."
         )
     if callable(schema) and typing.get_origin(schema) is None:
-        return _CallableSchema(schema, where)
+        return PayloadSchema(schema, where, "callable")
     raise InvalidTaskOptions(
         f"{where}: schema must be {ACCEPTED_KINDS}, got {type(schema).__name__} ({schema!r})."
     )
 
 
-# --- binding calls to payloads ------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Shape:
-    """What a schema needs to know about a task function's parameters."""
-
-    path: str
-    signature: inspect.Signature | None
-    context: str | None  # name of the context parameter of a takes_context task
-    named: tuple[str, ...]
-    required: tuple[str, ...]
-    var_keyword: str | None
-    problem: str | None  # why this function cannot take a schema, if it cannot
-
-
-def _func_path(func: Callable[..., Any]) -> str:
-    qualname = getattr(func, "__qualname__", None) or repr(func)
-    return f"{getattr(func, '__module__', '?')}.{qualname}"
-
-
-@lru_cache(maxsize=1024)
-def _shape(func: Callable[..., Any], takes_context: bool) -> _Shape:
-    path = _func_path(func)
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError) as exc:
-        return _Shape(path, None, None, (), (), None, f"its signature cannot be read: {exc}")
-    params = list(signature.parameters.values())
-    context = None
-    if takes_context:
-        if not params or params[0].kind not in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            needs = "takes_context=True needs a first positional parameter for the context."
-            return _Shape(path, signature, None, (), (), None, needs)
-        context = params.pop(0).name
-    problem = None
-    named: list[str] = []
-    required: list[str] = []
-    var_keyword = None
-    for param in params:
-        if param.kind is inspect.Parameter.POSITIONAL_ONLY:
-            problem = (
-                f"a task with a schema cannot have positional-only parameters ({param.name!r}): "
-                "the payload names every argument."
-            )
-            break
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            problem = (
-                f"a task with a schema cannot take *{param.name}: the payload names every "
-                "argument, so use a list parameter instead."
-            )
-            break
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            var_keyword = param.name
-            continue
-        named.append(param.name)
-        if param.default is inspect.Parameter.empty:
-            required.append(param.name)
-    return _Shape(path, signature, context, tuple(named), tuple(required), var_keyword, problem)
-
-
-def check_schema_signature(func: Callable[..., Any], *, takes_context: bool, where: str) -> None:
-    """Refuse, at definition time, functions whose calls cannot be named as a payload
-    (``*args``, positional-only parameters)."""
-    problem = _shape(func, takes_context).problem
-    if problem:
-        raise InvalidTaskOptions(f"{where}: {problem}")
-
-
-def bind_payload(
-    func: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    *,
-    takes_context: bool,
-) -> dict[str, Any]:
-    """The payload of a call: parameter name -> value, defaults applied, ``**kwargs``
-    merged in, the context parameter left out. Raises ``InvalidTaskArguments`` if the call
-    does not fit the signature."""
-    shape = _shape(func, takes_context)
-    if shape.problem or shape.signature is None:
-        raise InvalidTaskOptions(f"{shape.path}: {shape.problem}")
-    leading = (None,) if takes_context else ()
-    try:
-        bound = shape.signature.bind(*leading, *args, **kwargs)
-    except TypeError as exc:
-        raise InvalidTaskArguments(
-            f"{shape.path}() cannot be called with these arguments: {exc}"
-        ) from exc
-    bound.apply_defaults()
-    payload: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        if name == shape.context:
-            continue
-        if name == shape.var_keyword:
-            payload.update(value)
-        else:
-            payload[name] = value
-    return payload
-
-
-def payload_to_call(
-    func: Callable[..., Any], payload: dict[str, Any], *, takes_context: bool
-) -> dict[str, Any]:
-    """The keyword arguments to call ``func`` with (the context, if any, is passed first by
-    the caller). Keys that fit no parameter are refused unless ``func`` takes ``**kwargs``."""
-    shape = _shape(func, takes_context)
-    if shape.problem:
-        raise InvalidTaskOptions(f"{shape.path}: {shape.problem}")
-    call: dict[str, Any] = {}
-    for key, value in payload.items():
-        if key in shape.named or (shape.var_keyword is not None and key != shape.context):
-            call[key] = value
-        else:
-            raise _error(shape.path, (key,), f"payload has unknown field {key!r}")
-    for name in shape.required:
-        if name not in call:
-            raise _error(shape.path, (name,), f"payload is missing required field {name!r}")
-    return call
-
-
-__all__ = [
-    "PayloadSchema",
-    "bind_payload",
-    "check_schema_signature",
-    "compile_schema",
-    "payload_to_call",
-    "render_path",
-]
+__all__ = ["PayloadSchema", "compile_schema", "render_path"]

@@ -26,6 +26,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 
 from .. import compat, events
+from ..binding import bind_payload, payload_to_call
 from ..codec import DecodeError, EncodeError, decode_call, to_json
 from ..context import TaskContext
 from ..db.store import cancel_requested
@@ -61,7 +62,6 @@ from ..metadata import EMPTY as EMPTY_METADATA
 from ..metadata import decode_metadata
 from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
-from ..schema import bind_payload, payload_to_call
 from ..stored import CorruptJson
 from .hygiene import clean_up_after_attempt, replace_lost_connections
 from .outcome import outcome_for
