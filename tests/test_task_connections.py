@@ -150,6 +150,33 @@ def test_the_hygiene_reads_the_drivers_state_after_a_timeout_inside_atomic(ledge
     assert _ledger() == list(range(60))
 
 
+def test_a_timeout_python_dropped_is_raised_again_until_the_attempt_ends():
+    """Python drops an asynchronous exception that lands in a __del__ or a weakref
+    callback; swallowing the first TaskTimeout here stands in for that. The timer raises
+    it again, so the attempt still ends (it ran for ever on a worker before)."""
+    swallowed = 0
+    give_up = time.monotonic() + 30
+    with pytest.raises(TaskTimeout), AttemptTimer(0.01):
+        while time.monotonic() < give_up:
+            try:
+                while time.monotonic() < give_up:
+                    pass
+            except TaskTimeout:
+                swallowed += 1
+                if swallowed > 1:
+                    raise
+    assert swallowed == 2
+    assert time.monotonic() < give_up
+    assert interrupted()
+
+
+def test_no_timeout_is_raised_after_the_attempt_ended():
+    with AttemptTimer(0.05):
+        pass
+    time.sleep(0.3)  # the timer's first raise would have come, and its repeats
+    assert not interrupted()
+
+
 # -- item: task_finished receivers after the database drops sessions ---------------------
 
 

@@ -13,6 +13,12 @@ real state, or a query in flight. So a thread a timeout was raised in is marked
 ``interrupted``, and the connection hygiene after the attempt discards every connection
 it used (``hygiene.clean_up_after_attempt``): nothing of that state survives into the
 next task.
+
+Python drops an asynchronous exception that lands inside a ``__del__`` method or a weakref
+callback (it reports it as "unraisable" and goes on), so one raise is not enough: until
+the attempt ends, the timeout is raised again, at growing intervals (``REPEAT_FIRST`` up
+to ``REPEAT_MAX`` seconds). Without that, a task looping over ``atomic()`` blocks could
+lose its only timeout and run for ever.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from ..exceptions import TaskTimeout
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+# A raised timeout that Python dropped is raised again after these many seconds, doubling.
+REPEAT_FIRST = 0.1
+REPEAT_MAX = 1.0
 
 _interrupted: set[int] = set()  # threads a timeout was raised in, until hygiene asks
 
@@ -45,30 +55,43 @@ def _raise_in(thread_id: int, exc_type: type[BaseException] | None) -> None:
 
 
 class AttemptTimer:
-    """Context manager: raise ``TaskTimeout`` in this thread after ``seconds``."""
+    """Context manager: raise ``TaskTimeout`` in this thread after ``seconds``, and again
+    while the attempt goes on."""
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.fired = False
         self._lock = threading.Lock()
         self._active = False
+        self._done = threading.Event()
         self._thread_id = threading.get_ident()
-        self._timer: threading.Timer | None = None
+        self._watcher: threading.Thread | None = None
 
-    def _fire(self) -> None:
+    def _fire(self) -> bool:
+        """Raise the timeout in the attempt's thread; False once the attempt has ended."""
         with self._lock:
-            if self._active:
-                self.fired = True
-                _interrupted.add(self._thread_id)
-                _raise_in(self._thread_id, TaskTimeout)
+            if not self._active:
+                return False
+            self.fired = True
+            _interrupted.add(self._thread_id)
+            _raise_in(self._thread_id, TaskTimeout)
+            return True
+
+    def _watch(self, seconds: float) -> None:
+        if self._done.wait(seconds):
+            return
+        delay = REPEAT_FIRST
+        while self._fire() and not self._done.wait(delay):
+            delay = min(delay * 2, REPEAT_MAX)
 
     def __enter__(self) -> AttemptTimer:
         if self.seconds is not None:
             self._thread_id = threading.get_ident()
             self._active = True
-            self._timer = threading.Timer(self.seconds, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
+            self._watcher = threading.Thread(
+                target=self._watch, args=(self.seconds,), name="tasks-timeout", daemon=True
+            )
+            self._watcher.start()
         return self
 
     def __exit__(
@@ -77,10 +100,10 @@ class AttemptTimer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._timer is None:
+        if self._watcher is None:
             return
         with self._lock:
             self._active = False
-            self._timer.cancel()
+            self._done.set()
             if self.fired:
                 _raise_in(self._thread_id, None)
