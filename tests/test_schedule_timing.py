@@ -104,11 +104,11 @@ def test_hashed_expressions_depend_on_the_schedule_name_and_are_stable():
 
 
 def test_bad_definitions_are_typed_errors_naming_the_schedule():
-    with pytest.raises(InvalidSchedule, match="'nightly'.*not a valid cron"):
+    with pytest.raises(InvalidSchedule, match=r"'nightly'.*not a valid cron"):
         as_spec("61 * * * *", "nightly")
-    with pytest.raises(InvalidSchedule, match="'nightly'.*at least one second"):
+    with pytest.raises(InvalidSchedule, match=r"'nightly'.*at least one second"):
         as_spec(Every(seconds=0), "nightly")
-    with pytest.raises(InvalidSchedule, match="'nightly'.*unknown time zone"):
+    with pytest.raises(InvalidSchedule, match=r"'nightly'.*unknown time zone"):
         zone("Mars/Olympus", "nightly")
     with pytest.raises(InvalidSchedule, match="'nightly'"):
         as_spec(42, "nightly")
@@ -148,9 +148,7 @@ def test_catch_up_after_an_outage_follows_the_policy():
 
 def test_a_very_long_outage_is_bounded_work():
     got = plan(Every(seconds=1), NOW - timedelta(days=30), NOW, UTC, "p", catch_up="none")
-    assert got.fire == (NOW - timedelta(seconds=30) + timedelta(seconds=0),) + tuple(
-        NOW - timedelta(seconds=s) for s in range(29, -1, -1)
-    )
+    assert got.fire == tuple(NOW - timedelta(seconds=s) for s in range(30, -1, -1))
     assert got.missed + len(got.fire) == 30 * 86400 + 1
 
 
