@@ -56,6 +56,9 @@ class Task(compat.Task):
       are held, not run, until a probe finds it back (``circuits.py``).
     * ``services``: worker service factories (or dotted paths) this task needs; every
       worker of its backend runs them (``worker/plugins.py``).
+    * ``schedule`` / ``schedules``: when the task runs by itself (a cron string,
+      ``Every(seconds=…)`` or ``Scheduled(…)``, see ``schedules/``); kept as given here and
+      read by the schedules feature through ``scheduled_tasks()``.
 
     Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
     ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
@@ -72,14 +75,21 @@ class Task(compat.Task):
     middleware: tuple[Any, ...] = ()
     breaker: Breaker | None = None
     services: tuple[Any, ...] = ()
+    schedule: Any = None
+    schedules: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.middleware, list):  # keep the definition hashable
             object.__setattr__(self, "middleware", tuple(self.middleware))
         if isinstance(self.services, list):
             object.__setattr__(self, "services", tuple(self.services))
+        if isinstance(self.schedules, list):
+            object.__setattr__(self, "schedules", tuple(self.schedules))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
+        if self.schedule is not None or self.schedules:
+            # The definition, not a copy made by using(): the first one seen wins.
+            _scheduled.setdefault((self.backend, self.module_path), self)
 
     def using(
         self,
@@ -119,6 +129,15 @@ class Task(compat.Task):
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[compat.TaskResult]:
         return await self.get_backend().aenqueue_many(self, calls)  # type: ignore[attr-defined]
+
+
+_scheduled: dict[tuple[str, str], Task] = {}
+
+
+def scheduled_tasks(backend: str) -> list[Task]:
+    """The task definitions of ``backend`` that declare a schedule, in definition order
+    (the task modules must have been imported: ``discovery.discover_task_modules``)."""
+    return [task for (alias, _), task in list(_scheduled.items()) if alias == backend]
 
 
 def _check_key(task: Task, name: str, value: Any) -> None:
@@ -374,6 +393,8 @@ def task(
     middleware: list[Any] | tuple[Any, ...] | None = None,
     breaker: Breaker | None = None,
     services: list[Any] | tuple[Any, ...] | None = None,
+    schedule: Any = None,
+    schedules: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -395,6 +416,10 @@ def task(
         extra["breaker"] = breaker
     if services is not None:
         extra["services"] = services
+    if schedule is not None:
+        extra["schedule"] = schedule
+    if schedules is not None:
+        extra["schedules"] = schedules
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,

@@ -25,10 +25,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "entry points",
         (PACKAGE, "admin", "apps", "checks", "management", "urls", "views"),
     ),
-    ("worker", ("worker",)),
+    ("worker", ("worker", "schedules.service", "schedules.feature")),
     (
         "backend and app API",
-        ("backend", "operations", "context", "circuits", "selection", "metrics"),
+        ("backend", "operations", "context", "circuits", "selection", "metrics", "schedules"),
     ),
     ("enqueue and results", ("envelope", "results", "finished")),
     (
@@ -52,6 +52,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
             "liveness",
             "extensions",
+            "schedules.timing",
+            "schedules.errors",
         ),
     ),
     ("foundation", ("compat", "exceptions", "timebounds")),
