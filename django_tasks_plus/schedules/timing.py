@@ -15,7 +15,6 @@ database's clock), so the policies are tested without waiting.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -216,24 +215,26 @@ def plan(
 def _due(
     spec: Spec, next_at: datetime, now: datetime, tz: tzinfo, hash_id: str
 ) -> tuple[list[datetime], int]:
-    """The due occurrences ``[next_at, now]``, at most ``ENUMERATION_LIMIT`` of the
-    latest, and how many older ones were dropped (estimated for cron past a day)."""
-    start, dropped = next_at, 0
+    """The due occurrences ``[next_at, now]`` in order, at most ``ENUMERATION_LIMIT`` of
+    the latest, and how many older ones were left out (estimated for cron)."""
     if isinstance(spec, Every):
-        behind = int((now - next_at).total_seconds()) // spec.total_seconds
-        if behind >= ENUMERATION_LIMIT:
-            dropped = behind - ENUMERATION_LIMIT + 1
-            start = next_at + timedelta(seconds=dropped * spec.total_seconds)
-    elif now - next_at > timedelta(days=1):
-        window = now - timedelta(days=1)
-        start = next_after(spec, window, tz, hash_id)
-        dropped = _estimate_between(spec, next_at, start, tz, hash_id)
-    recent: deque[datetime] = deque([start], maxlen=ENUMERATION_LIMIT)
-    total = 1
-    for at in occurrences(spec, start, now, tz, hash_id):
-        recent.append(at)
-        total += 1
-    return list(recent), dropped + total - len(recent)
+        step = spec.total_seconds
+        behind = int((now - next_at).total_seconds()) // step  # due after next_at
+        dropped = max(behind + 1 - ENUMERATION_LIMIT, 0)
+        first = next_at + timedelta(seconds=dropped * step)
+        return [first + timedelta(seconds=i * step) for i in range(behind + 1 - dropped)], dropped
+    # Cron: walk back from now (a long outage costs at most the limit's steps).
+    wall = now.astimezone(tz).replace(tzinfo=None, microsecond=0, fold=0)
+    it = croniter(spec.expression, wall + timedelta(seconds=1), hash_id=hash_id.encode())
+    found: set[datetime] = set()
+    while len(found) < ENUMERATION_LIMIT:
+        instant = wall_to_utc(it.get_prev(datetime), tz)
+        if instant < next_at:
+            return sorted(found), 0
+        if instant <= now:
+            found.add(instant)
+    recent = sorted(found)
+    return recent, _estimate_between(spec, next_at, recent[0], tz, hash_id)
 
 
 def _estimate_between(spec: Spec, start: datetime, end: datetime, tz: tzinfo, hash_id: str) -> int:
