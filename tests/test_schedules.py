@@ -3,13 +3,15 @@ injected clock, the runtime API. Real workers firing them: test_schedule_workers
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.test import override_settings
 
 from django_tasks_plus import definition, events
@@ -274,3 +276,26 @@ def test_runtime_schedules_are_updated_and_deleted():
     assert row.cron == "*/2 * * * *" and row.every_seconds is None and row.args == [4, 5]
     api.delete("adder")
     assert not ScheduleRecord.objects.filter(name="adder").exists()
+
+
+# -- manage.py schedules --------------------------------------------------------------------
+
+
+def run_command(*args: str) -> str:
+    out = StringIO()
+    call_command("schedules", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_schedules_command_lists_pauses_resumes_and_runs():
+    make()
+    [listed] = json.loads(run_command("list", "--json"))
+    assert listed["name"] == "adder" and listed["every_seconds"] == 10
+    assert "paused" in run_command("pause", "adder")
+    assert "paused" in run_command()
+    run_command("resume", "adder")
+    assert not ScheduleRecord.objects.get(name="adder").paused
+    task_id = json.loads(run_command("run-now", "adder", "--json"))["last_task_id"]
+    assert TaskRecord.objects.filter(pk=task_id).exists()
+    with pytest.raises(CommandError, match="No schedule is called 'nope'"):
+        run_command("pause", "nope")
