@@ -299,3 +299,37 @@ def test_the_schedules_command_lists_pauses_resumes_and_runs():
     assert TaskRecord.objects.filter(pk=task_id).exists()
     with pytest.raises(CommandError, match="No schedule is called 'nope'"):
         run_command("pause", "nope")
+
+
+# -- the admin page -------------------------------------------------------------------------
+
+
+def test_the_admin_lists_schedules_and_pauses_resumes_and_runs_them(django_user_model):
+    from tests.conftest import admin_client_for
+
+    make()
+    client = admin_client_for(
+        "operator",
+        django_user_model,
+        view=["view_schedulerecord", "view_taskrecord"],
+        actions=["change_schedulerecord"],
+    )
+    url = "/admin/django_tasks_plus/schedulerecord/"
+    page = client.get(url).content.decode()
+    assert "adder" in page and "every 10 s" in page and "active" in page
+    row = ScheduleRecord.objects.get(name="adder")
+    for action in ("pause", "resume", "run_now"):
+        response = client.post(url, {"action": action, "_selected_action": [row.pk], "index": "0"})
+        assert response.status_code == 302, action
+        if action == "pause":
+            assert ScheduleRecord.objects.get(pk=row.pk).paused
+    row.refresh_from_db()
+    assert not row.paused and row.last_task_id is not None
+    from django.contrib.admin.models import LogEntry
+
+    assert LogEntry.objects.filter(object_id=str(row.pk)).count() == 3
+    viewer = admin_client_for(
+        "staff_view_only", django_user_model, view=["view_schedulerecord"], actions=[]
+    )
+    viewer.post(url, {"action": "pause", "_selected_action": [row.pk], "index": "0"})
+    assert not ScheduleRecord.objects.get(pk=row.pk).paused
