@@ -135,3 +135,19 @@ def test_catch_up_after_an_outage_follows_each_schedules_policy(start_worker):
         "all": [this_year - 2, this_year - 1, this_year],
     }
     assert TaskRecord.objects.filter(task_path="tests.tasks.add").count() == 4
+
+
+def test_the_leader_syncs_a_settings_schedule_and_fires_it(start_worker):
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings_variants",
+        "DTP_SETTINGS_VARIANT": "schedules",
+    }
+    # A stale runtime row of a schedule this deploy no longer declares in settings.
+    stale = api.create("gone-from-settings", "tests.tasks.add", Every(seconds=1), args=[5, 5])
+    ScheduleRecord.objects.filter(pk=stale.pk).update(source="settings", paused=True)
+    start_worker(*WORKER, "--worker-id", "sched-settings", env=env)
+    wait_for(lambda: len(fired("from-settings")) >= 2, timeout=60)
+    row = ScheduleRecord.objects.get(name="from-settings")
+    assert row.source == "settings" and row.every_seconds == 1
+    assert ScheduleRecord.objects.get(pk=stale.pk).enabled is False  # kept, disabled
+    assert_once_each("from-settings", [5, 5])
