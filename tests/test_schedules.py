@@ -333,3 +333,35 @@ def test_the_admin_lists_schedules_and_pauses_resumes_and_runs_them(django_user_
     )
     viewer.post(url, {"action": "pause", "_selected_action": [row.pk], "index": "0"})
     assert not ScheduleRecord.objects.get(pk=row.pk).paused
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # a flush writes only outside a transaction
+def test_fires_skips_and_misses_are_counted_per_schedule():
+    from django_tasks_plus import metrics
+    from django_tasks_plus.metrics.aggregate import AGGREGATOR
+    from django_tasks_plus.metrics.catalog import ALL_TIME, feature_counters
+    from django_tasks_plus.models import MetricRecord
+
+    # The app's own feature: a test's reset of the registries keeps its names and counters.
+    events.bus.reset()
+    feature_counters.reset()
+    metrics.install()
+    assert "schedule.fired" in events.bus.names and "schedule_fires" in feature_counters.counters
+    AGGREGATOR.take()
+    row = make(when="0 0 1 1 *", catch_up="latest", timezone_name="UTC", overlap="skip")
+    row.next_at = datetime(2024, 1, 1, tzinfo=UTC)
+    row.save()
+    fire_due(settings_of(), Clock(T0))  # 2024, 2025 missed; 2026 fired
+    # 2027: the 2026 run is still READY, so it is skipped.
+    fire_due(settings_of(), Clock(datetime(2027, 1, 1, 0, 0, 1, tzinfo=UTC)))
+    assert metrics.flush() > 0
+    stored = {
+        r.name: r.value
+        for r in MetricRecord.objects.filter(minute=ALL_TIME, backend_name="default")
+    }
+    assert stored["schedule_fires{schedule=adder}"] == 1
+    assert stored["schedule_misses{schedule=adder}"] == 2
+    assert stored["schedule_skips{schedule=adder}"] == 1

@@ -47,24 +47,27 @@ def schedules_check(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 
 
 def install() -> None:
-    events.register_names(*EVENT_NAMES)
+    events.register_names(*EVENT_NAMES, builtin=True)
     register_counter(
         "schedule_fires",
         SCHEDULE_FIRED,
         help="Schedule occurrences enqueued.",
         labels=("schedule",),
+        builtin=True,
     )
     register_counter(
         "schedule_skips",
         SCHEDULE_SKIPPED,
         help="Schedule occurrences skipped (overlap, a task that cannot be enqueued).",
         labels=("schedule",),
+        builtin=True,
     )
     register_counter(
         "schedule_misses",
         SCHEDULE_MISSED,
         help="Schedule occurrences missed while no scheduler ran (catch-up policy).",
         labels=("schedule",),
+        builtin=True,
     )
     extensions.service_factories.register(scheduler_factory, builtin=True)
     checks.register(schedules_check)
