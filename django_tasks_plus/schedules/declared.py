@@ -126,7 +126,8 @@ def task_for(definition: Definition) -> Task:
         task = resolve_task(definition.task_path)
     except TaskNotRegistered as exc:
         raise InvalidSchedule(f"Schedule {definition.name!r}: unknown task: {exc}") from exc
-    options: dict[str, Any] = {"priority": definition.priority}
+    # The schedule's backend: its enqueue shares the scheduler's transaction.
+    options: dict[str, Any] = {"priority": definition.priority, "backend": definition.backend}
     if definition.queue:
         options["queue_name"] = definition.queue
     return task.using(**options)

@@ -48,6 +48,10 @@ class Scheduler(LoopService):
         self.bound_seconds = bound_seconds
         self.synced = False
 
+    def start(self) -> None:
+        self.synced = False  # sync again each time this worker becomes leader
+        super().start()
+
     def tick(self) -> None:
         try:
             worker_connection(self.database, self.bound_seconds)
