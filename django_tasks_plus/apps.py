@@ -17,6 +17,7 @@ class TasksPlusConfig(AppConfig):
         from .checks import register_checks
         from .circuits import breaker_middleware_for
         from .metrics import install
+        from .schedules.feature import install as install_schedules
         from .worker.heartbeat import worker_pruner_factory
         from .worker.metrics_flusher import metrics_service_factory
 
@@ -26,5 +27,6 @@ class TasksPlusConfig(AppConfig):
         extensions.service_factories.register(metrics_service_factory, builtin=True)
         extensions.service_factories.register(worker_pruner_factory, builtin=True)
         register_checks()
+        install_schedules()  # before install(): its counters are counted too
         # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).
         install()

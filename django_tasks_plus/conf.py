@@ -54,6 +54,7 @@ _DEFAULTS: dict[str, Any] = {
     # Import every installed app's ``tasks`` module when a worker, ``manage.py check`` or
     # an operator command starts, so every task (and its breaker, services) is known.
     "AUTODISCOVER": True,
+    "SCHEDULES": {},
 }
 
 # Every OPTIONS["METRICS"] key with its default, written only here (as _DEFAULTS above).
@@ -112,6 +113,8 @@ class BackendSettings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     services: tuple[Any, ...] = _DEFAULTS["SERVICES"]  # resolved factories
     autodiscover: bool = _DEFAULTS["AUTODISCOVER"]
+    schedules: Mapping[str, Any] = field(default_factory=dict)
+    """``OPTIONS["SCHEDULES"]`` as written; the schedules feature validates the entries."""
 
     def serves(self, queue: str) -> bool:
         """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
@@ -255,6 +258,13 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
     autodiscover = merged["AUTODISCOVER"]
     if not isinstance(autodiscover, bool):
         raise _fail(alias, "AUTODISCOVER", f"must be True or False, got {autodiscover!r}.")
+    schedules = merged["SCHEDULES"]
+    if not isinstance(schedules, Mapping) or not all(
+        isinstance(name, str) and isinstance(entry, Mapping) for name, entry in schedules.items()
+    ):
+        raise _fail(
+            alias, "SCHEDULES", f"must map schedule names to dicts of options, got {schedules!r}."
+        )
 
     queue_doers, max_depths = _queues_config(alias, merged["QUEUES_CONFIG"], queues)
 
@@ -298,6 +308,7 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         metrics=metrics_settings(alias, merged["METRICS"]),
         services=_services(alias, merged["SERVICES"]),
         autodiscover=autodiscover,
+        schedules=dict(schedules),
         queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
 

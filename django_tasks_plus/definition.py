@@ -59,6 +59,9 @@ class Task(compat.Task):
       are held, not run, until a probe finds it back (``circuits.py``).
     * ``services``: worker service factories (or dotted paths) this task needs; every
       worker of its backend runs them (``worker/plugins.py``).
+    * ``schedule`` / ``schedules``: when the task runs by itself (a cron string,
+      ``Every(seconds=…)`` or ``Scheduled(…)``, see ``schedules/``); kept as given here and
+      read by the schedules feature through ``scheduled_tasks()``.
 
     Per-call options (``.using(...)``): ``dedup_key``, ``dedup_ttl``, ``dedup_until``,
     ``ordering_key``, plus Django's own ``priority``, ``queue_name``, ``run_after``.
@@ -76,13 +79,18 @@ class Task(compat.Task):
     breaker: Breaker | None = None
     services: tuple[Any, ...] = ()
     enqueue_middleware: tuple[Any, ...] = ()
+    schedule: Any = None
+    schedules: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("middleware", "services", "enqueue_middleware"):
+        for name in ("middleware", "services", "enqueue_middleware", "schedules"):
             if isinstance(getattr(self, name), list):  # keep the definition hashable
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         # Explicit base call: zero-argument super() does not work in slotted dataclasses.
         compat.Task.__post_init__(self)
+        if self.schedule is not None or self.schedules:
+            # The definition, not a copy made by using(): the first one seen wins.
+            _scheduled.setdefault((self.backend, self.module_path), self)
 
     def using(
         self,
@@ -122,6 +130,15 @@ class Task(compat.Task):
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[compat.TaskResult]:
         return await self.get_backend().aenqueue_many(self, calls)  # type: ignore[attr-defined]
+
+
+_scheduled: dict[tuple[str, str], Task] = {}
+
+
+def scheduled_tasks(backend: str) -> list[Task]:
+    """The task definitions of ``backend`` that declare a schedule, in definition order
+    (the task modules must have been imported: ``discovery.discover_task_modules``)."""
+    return [task for (alias, _), task in list(_scheduled.items()) if alias == backend]
 
 
 def _check_key(task: Task, name: str, value: Any) -> None:
@@ -427,6 +444,8 @@ def task(
     breaker: Breaker | None = None,
     services: list[Any] | tuple[Any, ...] | None = None,
     enqueue_middleware: list[Any] | tuple[Any, ...] | None = None,
+    schedule: Any = None,
+    schedules: list[Any] | tuple[Any, ...] | None = None,
 ) -> Any:
     """Django's ``@task`` with our options spelled out (for editors and type checkers).
 
@@ -450,6 +469,10 @@ def task(
         extra["services"] = services
     if enqueue_middleware is not None:
         extra["enqueue_middleware"] = enqueue_middleware
+    if schedule is not None:
+        extra["schedule"] = schedule
+    if schedules is not None:
+        extra["schedules"] = schedules
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,

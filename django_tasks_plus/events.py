@@ -143,9 +143,10 @@ class EventBus:
         self.handlers: dict[str, tuple[Handler, ...]] = {}
         self._lock = threading.Lock()
 
-    def register_names(self, *names: str) -> None:
+    def register_names(self, *names: str, builtin: bool = False) -> None:
         """Let subscribers use ``names`` (a feature's events: ``"feature.what_happened"``).
-        Registering a name again changes nothing."""
+        Registering a name again changes nothing. ``builtin=True``: a feature of the app
+        (registered by ``AppConfig.ready``), kept by ``reset()``."""
         for name in names:
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise ValueError(
@@ -154,6 +155,8 @@ class EventBus:
                 )
         with self._lock:
             self.names = self.names | frozenset(names)
+            if builtin:
+                self.builtin = self.builtin | frozenset(names)
 
     def checked(self, names: Sequence[str]) -> tuple[str, ...]:
         if not names:
@@ -210,9 +213,9 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 bus = EventBus(NAMES)
 
 
-def register_names(*names: str) -> None:
+def register_names(*names: str, builtin: bool = False) -> None:
     """A feature's event names (``bus.register_names``)."""
-    bus.register_names(*names)
+    bus.register_names(*names, builtin=builtin)
 
 
 # -- subscribing --------------------------------------------------------------------------

@@ -32,3 +32,6 @@ there (ids, a trace context), never payloads."""
 METRIC_NAME_MAX_LENGTH = 200
 """A stored metric's name (``MetricRecord.name``): a counter, bucket or sum, plus a
 feature counter's own labels (``schedule_fired{schedule=nightly}``)."""
+
+# A schedule's name (the schedules feature's table; also the hash id of its H fields).
+SCHEDULE_NAME_MAX_LENGTH = 200

@@ -18,6 +18,7 @@ from .limits import (
     KEY_MAX_LENGTH,
     METRIC_NAME_MAX_LENGTH,
     QUEUE_NAME_MAX_LENGTH,
+    SCHEDULE_NAME_MAX_LENGTH,
     TASK_PATH_MAX_LENGTH,
     WORKER_ID_MAX_LENGTH,
 )
@@ -334,3 +335,86 @@ class MetricFlush(models.Model):
 
     def __str__(self) -> str:
         return f"{self.backend_name} {self.id}"
+
+
+class ScheduleRecord(models.Model):
+    """One schedule (``schedules/``): what to enqueue, when, and where it was declared.
+
+    Schedules from code and settings are synced into this table by the leader's
+    scheduler; a removed one is disabled, never deleted with its history. ``next_at`` is
+    the occurrence the scheduler waits for; it changes only under the row's lock.
+    """
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    name = models.CharField(_("name"), max_length=SCHEDULE_NAME_MAX_LENGTH, unique=True)
+    source = models.CharField(
+        _("defined in"),
+        max_length=10,
+        choices=[("code", _("code")), ("settings", _("settings")), ("runtime", _("runtime"))],
+        default="runtime",
+    )
+    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
+    cron = models.CharField(_("cron"), max_length=200, blank=True, default="")
+    every_seconds = models.PositiveIntegerField(_("every (seconds)"), null=True, blank=True)
+    timezone = models.CharField(_("time zone"), max_length=64, default="UTC")
+    args = models.JSONField(_("args"), default=list, blank=True)
+    kwargs = models.JSONField(_("kwargs"), default=dict, blank=True)
+    queue_name = models.CharField(
+        _("queue"), max_length=QUEUE_NAME_MAX_LENGTH, blank=True, default=""
+    )
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    catch_up = models.CharField(_("catch-up"), max_length=10, default="latest")
+    catch_up_cap = models.PositiveIntegerField(_("catch-up cap"), default=10)
+    overlap = models.CharField(_("overlap"), max_length=10, default="allow")
+    enabled = models.BooleanField(
+        _("enabled"), default=True, help_text=_("False: removed from code or settings.")
+    )
+    paused = models.BooleanField(_("paused"), default=False)
+    next_at = models.DateTimeField(_("next occurrence"), null=True, blank=True)
+    last_fired_at = models.DateTimeField(_("last fired"), null=True, blank=True)
+    last_task_id = models.UUIDField(_("last task"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+        indexes = [
+            models.Index(fields=["backend_name", "next_at"], name="dtp_schedule_due_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleOccurrence(models.Model):
+    """One occurrence of a schedule the scheduler acted on, with the task it enqueued.
+
+    Inserted in the same transaction as the enqueue, under the unique constraint on
+    (schedule, at): a second scheduler (a new leader at the moment of firing) cannot
+    enqueue the same occurrence again.
+    """
+
+    schedule = models.ForeignKey(
+        ScheduleRecord, on_delete=models.CASCADE, related_name="occurrences"
+    )
+    at = models.DateTimeField(_("occurrence"))
+    action = models.CharField(
+        _("action"),
+        max_length=10,
+        choices=[("fired", _("fired")), ("skipped", _("skipped")), ("run_now", _("run now"))],
+        default="fired",
+    )
+    reason = models.CharField(_("reason"), max_length=200, blank=True, default="")
+    task_id = models.UUIDField(_("task"), null=True, blank=True)
+    created_at = models.DateTimeField(_("recorded at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("schedule occurrence")
+        verbose_name_plural = _("schedule occurrences")
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "at"], name="dtp_schedule_occurrence_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} {self.at:%Y-%m-%d %H:%M:%S} {self.action}"

@@ -62,6 +62,15 @@ elif VARIANT == "fast-metrics":
 elif VARIANT == "east-of-utc":
     # A project far east of UTC: 9999-12-31 23:59 UTC is already year 10000 locally.
     TIME_ZONE = "Pacific/Kiritimati"
+elif VARIANT == "schedules":
+    # A schedule declared in settings, synced by the leader (tests/test_schedule_workers.py).
+    _options = {
+        **TASKS["default"].get("OPTIONS", {}),
+        "SCHEDULES": {
+            "from-settings": {"task": "tests.tasks.add", "every": 1, "args": [5, 5]},
+        },
+    }
+    TASKS = {"default": {**TASKS["default"], "OPTIONS": _options}}
 elif VARIANT:
     raise ImproperlyConfigured(f"Unknown DTP_SETTINGS_VARIANT {VARIANT!r}.")
 

@@ -25,10 +25,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "entry points",
         (PACKAGE, "admin", "apps", "checks", "management", "urls", "views"),
     ),
-    ("worker", ("worker",)),
+    ("worker", ("worker", "schedules.service", "schedules.feature")),
     (
         "backend and app API",
-        ("backend", "operations", "context", "circuits", "selection", "metrics"),
+        ("backend", "operations", "context", "circuits", "selection", "metrics", "schedules"),
     ),
     ("enqueue and results", ("envelope", "results", "finished")),
     (
@@ -54,6 +54,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "metadata",
             "liveness",
             "extensions",
+            "schedules.timing",
+            "schedules.errors",
         ),
     ),
     ("foundation", ("compat", "exceptions", "timebounds")),

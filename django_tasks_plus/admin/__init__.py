@@ -1,4 +1,5 @@
-"""The admin: the queue, dead letters, one task's history, workers and circuit breakers.
+"""The admin: the queue, dead letters, one task's history, workers, circuit breakers and
+schedules.
 
 Rows are written only by the backend and the worker, so the admin never edits them. What
 an operator may do (redrive, cancel, release an ordering key, force a circuit) is a POST
@@ -12,14 +13,22 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ..models import BreakerRecord, TaskRecord, WorkerRecord
+from ..models import BreakerRecord, ScheduleRecord, TaskRecord, WorkerRecord
 from .base import ReadOnlyAdmin
 from .breakers import BreakerRecordAdmin
+from .schedules import ScheduleRecordAdmin
 from .tasks import TaskRecordAdmin
 from .workers import WorkerRecordAdmin
 
 admin.site.register(TaskRecord, TaskRecordAdmin)
 admin.site.register(WorkerRecord, WorkerRecordAdmin)
 admin.site.register(BreakerRecord, BreakerRecordAdmin)
+admin.site.register(ScheduleRecord, ScheduleRecordAdmin)
 
-__all__ = ["BreakerRecordAdmin", "ReadOnlyAdmin", "TaskRecordAdmin", "WorkerRecordAdmin"]
+__all__ = [
+    "BreakerRecordAdmin",
+    "ReadOnlyAdmin",
+    "ScheduleRecordAdmin",
+    "TaskRecordAdmin",
+    "WorkerRecordAdmin",
+]

@@ -443,15 +443,20 @@ def _feature_handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
 
 
 def register_counter(
-    name: str, *event_names: str, help: str, labels: tuple[str, ...] | list[str] = ()
+    name: str,
+    *event_names: str,
+    help: str,
+    labels: tuple[str, ...] | list[str] = (),
+    builtin: bool = False,
 ) -> FeatureCounter:
     """Count a feature's events: ``name`` (stored per minute and all-time, served to
     Prometheus as ``django_tasks_plus_<name>``) adds each event's ``count`` measurement,
     else one, per backend, queue, task path and the event labels named in ``labels``.
     The events must be registered first (``events.register_names``). Call it when the
-    feature starts (its ``AppConfig.ready``)."""
+    feature starts (its ``AppConfig.ready``); ``builtin=True`` for the app's own
+    features, whose counters a test's ``feature_counters.reset()`` keeps."""
     counter = feature_counters.register(
-        FeatureCounter(name, tuple(event_names), help, tuple(labels))
+        FeatureCounter(name, tuple(event_names), help, tuple(labels)), builtin=builtin
     )
     if AGGREGATOR.targets:  # subscribed already: count the new events too
         for event_name in counter.events:

@@ -138,9 +138,11 @@ class FeatureCounters:
     def __init__(self) -> None:
         self.counters: dict[str, FeatureCounter] = {}
         self.by_event: dict[str, tuple[FeatureCounter, ...]] = {}
+        self.builtin: dict[str, FeatureCounter] = {}
 
-    def register(self, counter: FeatureCounter) -> FeatureCounter:
-        """Add ``counter``; its events must be known (``events.register_names``)."""
+    def register(self, counter: FeatureCounter, *, builtin: bool = False) -> FeatureCounter:
+        """Add ``counter``; its events must be known (``events.register_names``).
+        ``builtin=True``: a feature of the app (``AppConfig.ready``), kept by ``reset()``."""
         if not _COUNTER_NAME.fullmatch(counter.name) or counter.name in COUNTERS:
             raise ValueError(
                 f"A feature counter's name is lowercase letters, digits and '_' (at most 60) "
@@ -151,16 +153,22 @@ class FeatureCounters:
             raise ValueError(f"A different counter named {counter.name!r} is registered.")
         events.bus.checked(counter.events or ("",))  # raises ValueError naming the unknown
         self.counters[counter.name] = counter
+        if builtin:
+            self.builtin[counter.name] = counter
+        self._index()
+        return counter
+
+    def _index(self) -> None:
         by_event: dict[str, tuple[FeatureCounter, ...]] = {}
         for registered in self.counters.values():
             for name in registered.events:
                 by_event[name] = (*by_event.get(name, ()), registered)
         self.by_event = by_event
-        return counter
 
     def reset(self) -> None:
-        self.counters = {}
-        self.by_event = {}
+        """Back to the app's own counters (tests)."""
+        self.counters = dict(self.builtin)
+        self._index()
 
 
 feature_counters = FeatureCounters()

@@ -1,0 +1,23 @@
+"""The schedules feature's typed errors (``manage.py check`` and the API raise these)."""
+
+from __future__ import annotations
+
+from ..exceptions import TasksPlusError
+
+
+class ScheduleError(TasksPlusError):
+    """Base class of the schedules feature's errors."""
+
+
+class InvalidSchedule(ScheduleError, ValueError):
+    """A schedule's definition cannot be used: a bad cron string or interval, an unknown
+    time zone, task path or policy. The message names the schedule."""
+
+
+class ScheduleNotFound(ScheduleError, LookupError):
+    """No stored schedule has this name."""
+
+
+class ScheduleNotEditable(ScheduleError):
+    """The schedule is defined in code or settings: its definition is edited there (pause,
+    resume and run-now still work)."""
