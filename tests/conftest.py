@@ -174,3 +174,18 @@ def _fresh_metrics() -> Iterator[None]:
     AGGREGATOR.take()
     AGGREGATOR.last_flush = time.monotonic()
     yield
+
+
+postgres_only = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL only")
+
+
+@pytest.fixture
+def ledger() -> Iterator[str]:
+    """The scratch table that ledger-writing test tasks insert into, dropped afterwards."""
+    from tests.tasks import LEDGER_TABLE
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {LEDGER_TABLE} (n integer NOT NULL, pid integer)")
+    yield LEDGER_TABLE
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {LEDGER_TABLE}")

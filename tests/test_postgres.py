@@ -19,15 +19,6 @@ def _postgres_only():
         pytest.skip("PostgreSQL only")
 
 
-@pytest.fixture
-def ledger():
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE {tasks.LEDGER_TABLE} (n integer NOT NULL, pid integer)")
-    yield tasks.LEDGER_TABLE
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE {tasks.LEDGER_TABLE}")
-
-
 def test_four_processes_run_every_task_exactly_once(run_worker, ledger):
     count = 2000
     for n in range(count):

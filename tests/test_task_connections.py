@@ -19,20 +19,9 @@ from django_tasks_plus.worker.execution import _run_all
 from django_tasks_plus.worker.hygiene import clean_up_after_attempt
 from django_tasks_plus.worker.timeouts import AttemptTimer, interrupted
 from tests import tasks
-from tests.conftest import wait_for
+from tests.conftest import postgres_only, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-postgres_only = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL only")
-
-
-@pytest.fixture
-def ledger():  # type: ignore[no-untyped-def]
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE {tasks.LEDGER_TABLE} (n integer NOT NULL, pid integer)")
-    yield tasks.LEDGER_TABLE
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE {tasks.LEDGER_TABLE}")
 
 
 @pytest.fixture
@@ -134,13 +123,16 @@ def test_the_hygiene_reads_the_drivers_state_after_a_timeout_inside_atomic(ledge
     for n in range(60):
         # Bounded: a timeout delivered inside a finalizer (a weakref callback) is lost.
         give_up = time.monotonic() + 5
+        timer = AttemptTimer(0.002)
         try:
-            with AttemptTimer(0.002):
+            with timer:
                 while time.monotonic() < give_up:
                     with transaction.atomic():
                         pass
         except TaskTimeout:
             pass
+        finally:
+            timer.stop()
         assert interrupted()
         clean_up_after_attempt()  # by its state alone
         assert _driver_agrees()
@@ -156,15 +148,19 @@ def test_a_timeout_python_dropped_is_raised_again_until_the_attempt_ends():
     it again, so the attempt still ends (it ran for ever on a worker before)."""
     swallowed = 0
     give_up = time.monotonic() + 30
-    with pytest.raises(TaskTimeout), AttemptTimer(0.01):
-        while time.monotonic() < give_up:
-            try:
-                while time.monotonic() < give_up:
-                    pass
-            except TaskTimeout:
-                swallowed += 1
-                if swallowed > 1:
-                    raise
+    timer = AttemptTimer(0.01)
+    try:
+        with pytest.raises(TaskTimeout), timer:
+            while time.monotonic() < give_up:
+                try:
+                    while time.monotonic() < give_up:
+                        pass
+                except TaskTimeout:
+                    swallowed += 1
+                    if swallowed > 1:
+                        raise
+    finally:
+        timer.stop()
     assert swallowed == 2
     assert time.monotonic() < give_up
     assert interrupted()
@@ -174,6 +170,20 @@ def test_no_timeout_is_raised_after_the_attempt_ended():
     with AttemptTimer(0.05):
         pass
     time.sleep(0.3)  # the timer's first raise would have come, and its repeats
+    assert not interrupted()
+
+
+def test_a_stopped_timer_raises_no_more_even_if_its_exit_was_skipped():
+    """A raise that lands as __exit__ is entered skips its body; stop() afterwards ends
+    the repeats, so no TaskTimeout reaches the code that runs after the attempt."""
+    timer = AttemptTimer(0.01)
+    with pytest.raises(TaskTimeout):
+        timer.__enter__()
+        time.sleep(5)  # the first raise lands here; __exit__ is never called
+    timer.stop()
+    time.sleep(0.5)  # several repeat intervals
+    interrupted()  # the first raise marked the thread; nothing after it must
+    time.sleep(0.3)
     assert not interrupted()
 
 

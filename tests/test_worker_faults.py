@@ -29,21 +29,11 @@ from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.execution import _run_all
 from django_tasks_plus.worker.reporter import Reporter
 from tests import tasks
-from tests.conftest import REPO, wait_for, worker_env, worker_log
+from tests.conftest import REPO, postgres_only, wait_for, worker_env, worker_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SKEWED_CLOCK = REPO / "bench" / "skewed_clock.py"  # the chaos run starts it too
-postgres_only = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL only")
-
-
-@pytest.fixture
-def ledger():  # type: ignore[no-untyped-def]
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE {tasks.LEDGER_TABLE} (n integer NOT NULL, pid integer)")
-    yield tasks.LEDGER_TABLE
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE {tasks.LEDGER_TABLE}")
 
 
 def _ledger() -> list[int]:

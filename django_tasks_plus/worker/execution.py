@@ -97,14 +97,17 @@ def _call(
                 raise TaskTimeout(f"attempt ran longer than {timeout} s") from exc
 
         return async_to_sync(bounded)()
+    timer = AttemptTimer(timeout)
     try:
-        with AttemptTimer(timeout):
+        with timer:
             return task.func(*args, **kwargs)
     except TaskTimeout as exc:
         if exc.args:
             raise
         # Raised asynchronously by the timer, which cannot pass a message.
         raise TaskTimeout(f"attempt ran longer than {timeout} s") from None
+    finally:
+        timer.stop()  # again: a raise that landed on entering __exit__ skipped its body
 
 
 def _call_attempt(task: compat.Task, attempt: Attempt) -> Any:

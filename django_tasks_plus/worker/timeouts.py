@@ -56,7 +56,7 @@ def _raise_in(thread_id: int, exc_type: type[BaseException] | None) -> None:
 
 class AttemptTimer:
     """Context manager: raise ``TaskTimeout`` in this thread after ``seconds``, and again
-    while the attempt goes on."""
+    while the attempt goes on. Call ``stop()`` after the block too (see there)."""
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
@@ -100,6 +100,12 @@ class AttemptTimer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the attempt's timer and clear a raise still pending. Idempotent: callers
+        call it once more after the ``with`` block, because a raise that lands as
+        ``__exit__`` is entered skips its body, and the timer would go on raising."""
         if self._watcher is None:
             return
         with self._lock:
