@@ -55,8 +55,10 @@ LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
 # written, and last_attempted_at (returned last) is the claim's time by the database's
 # clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
 # failing the whole claim.
-# Parameters: backend, queues (one text array), the claim filters', limit, lease token,
-# lease seconds, worker id.
+# The candidates are sql.CLAIM_LEVELS: their cost does not grow with tasks due later or
+# tasks of other queues.
+# Parameters (``claim_parameters``): backend, queues (one text array), the claim filters',
+# limit (twice), lease token, lease seconds, worker id.
 CLAIM_TEMPLATE = """
     WITH picked AS ({candidates})
     UPDATE django_tasks_plus_taskrecord task SET
@@ -79,10 +81,9 @@ CLAIM_TEMPLATE = """
 def claim_statement(conditions: str = "") -> str:
     """The claim with the registered claim filters' ``conditions`` (built once per set)."""
     return CLAIM_TEMPLATE.format(
-        candidates=sql.claim_candidates(
-            queue_in="= ANY(%s)",
+        candidates=sql.claim_levels(
             now=NOW,
-            skip_locked="\n        FOR UPDATE SKIP LOCKED",
+            skip_locked="\n            FOR UPDATE SKIP LOCKED",
             conditions=conditions,
         ),
         lease_expiry=LEASE_EXPIRY,
@@ -91,8 +92,30 @@ def claim_statement(conditions: str = "") -> str:
     )
 
 
-# The claim with no claim filter registered. Parameters: backend, queues (one text
-# array), the filters' (none here), limit, lease token, lease seconds, worker id.
+def claim_parameters(
+    *,
+    backend_name: str,
+    queues: Sequence[str],
+    filter_params: Sequence[Any],
+    limit: int,
+    lease_token: str,
+    visibility_timeout: float,
+    worker_id: str,
+) -> list[Any]:
+    """The parameters of ``claim_statement``, in the order its text takes them."""
+    return [
+        backend_name,
+        list(queues),
+        *filter_params,
+        limit,
+        limit,
+        lease_token,
+        visibility_timeout,
+        worker_id,
+    ]
+
+
+# The claim with no claim filter registered (parameters: ``claim_parameters``).
 CLAIM = claim_statement()
 
 # Wake the workers of the given queues. PostgreSQL delivers notifications only on commit
@@ -208,15 +231,15 @@ class PostgreSQLDialect(Dialect):
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
         conditions, filter_params = claim_conditions(self.vendor, fenced=True)
-        params = [
-            backend_name,
-            list(queues),
-            *filter_params,
-            limit,
-            lease_token,
-            visibility_timeout,
-            worker_id,
-        ]
+        params = claim_parameters(
+            backend_name=backend_name,
+            queues=queues,
+            filter_params=filter_params,
+            limit=limit,
+            lease_token=lease_token,
+            visibility_timeout=visibility_timeout,
+            worker_id=worker_id,
+        )
         rows = fetch_all(connection, claim_statement(conditions), params)
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])

@@ -83,6 +83,53 @@ CLAIM_CANDIDATES = """
         LIMIT %s{skip_locked}
 """
 
+# The claim's candidates where the database can join LATERAL (PostgreSQL): the same rows in
+# the same order as CLAIM_CANDIDATES, found without walking rows the claim will not take.
+# The READY tasks of one backend and queue, at one priority, sit in dtp_task_claim_idx in
+# claim order with the due ones first; so the claim visits each served queue's priority
+# levels ({levels}: one index probe per level present, the recursion a loose index scan),
+# takes up to LIMIT due rows from each level (an index range that stops at the first
+# future run_after) and merges them. Tasks due later, at any priority, and tasks of queues
+# this worker does not serve cost nothing but their level's probe. Each level locks at most
+# LIMIT rows; the merge keeps the first LIMIT, and the others' locks end with the claim's
+# statement.
+# Parameters: backend name, the queues (one text array), the filters', the limit (twice).
+CLAIM_LEVELS = """
+        WITH RECURSIVE levels AS (
+            SELECT served.backend_name, served.queue_name, (
+                SELECT max(level.priority) FROM django_tasks_plus_taskrecord level
+                WHERE level.status = 'READY'
+                  AND level.backend_name = served.backend_name
+                  AND level.queue_name = served.queue_name
+            ) AS priority
+            FROM (SELECT %s::text AS backend_name, unnest(%s::text[]) AS queue_name) served
+            UNION ALL
+            SELECT levels.backend_name, levels.queue_name, (
+                SELECT max(level.priority) FROM django_tasks_plus_taskrecord level
+                WHERE level.status = 'READY'
+                  AND level.backend_name = levels.backend_name
+                  AND level.queue_name = levels.queue_name
+                  AND level.priority < levels.priority
+            )
+            FROM levels WHERE levels.priority IS NOT NULL
+        )
+        SELECT candidate.id FROM levels CROSS JOIN LATERAL (
+            SELECT candidate.id, candidate.priority, candidate.run_after
+            FROM django_tasks_plus_taskrecord candidate
+            WHERE candidate.status = 'READY'
+              AND candidate.backend_name = levels.backend_name
+              AND candidate.queue_name = levels.queue_name
+              AND candidate.priority = levels.priority
+              AND candidate.run_after <= {now}
+              AND {ordering_head}{conditions}
+            ORDER BY candidate.run_after, candidate.id
+            LIMIT %s{skip_locked}
+        ) candidate
+        WHERE levels.priority IS NOT NULL
+        ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
+        LIMIT %s
+"""
+
 # Extend every lease still held, in one statement. The rows are locked by the sub-select
 # first ({lock_rows}), so {lease_expiry} is read after any wait for another session's row
 # lock: a renewal that waited still grants a whole lease. Returns the (id, token) pairs
@@ -134,6 +181,13 @@ def claim_candidates(
         skip_locked=skip_locked,
         ordering_head=ORDERING_HEAD,
         conditions=conditions,
+    )
+
+
+def claim_levels(*, now: str, skip_locked: str = "", conditions: str = "") -> str:
+    """``CLAIM_LEVELS`` with a dialect's fragments, as ``claim_candidates`` takes them."""
+    return CLAIM_LEVELS.format(
+        now=now, skip_locked=skip_locked, ordering_head=ORDERING_HEAD, conditions=conditions
     )
 
 
