@@ -29,7 +29,10 @@ def _insert(count: int, *, queue: str, priority: int, due_in_seconds: int) -> No
         )
     else:
         ids = "lower(hex(randomblob(16)))"
-        series = f"(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {count}) SELECT i FROM n)"
+        series = (
+            "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n"
+            f" WHERE i < {count}) SELECT i FROM n)"
+        )
         due = f"strftime('%Y-%m-%d %H:%M:%f', 'now', '{due_in_seconds:+d} seconds')"
     with connection.cursor() as cursor:
         cursor.execute(
