@@ -50,13 +50,17 @@ NOW = "statement_timestamp()"
 # after any lock wait, so a lease is never partly spent before it is handed out.
 LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
 
+# The served queues as rows (sql.CLAIM_LEVELS' {served}). Parameters: backend, queues (one
+# text array).
+SERVED = "(SELECT %s::text AS backend_name, unnest(%s::text[]) AS queue_name)"
+
 # The claim, in one round trip: lock up to LIMIT candidates no other claim holds, then
 # lease them. Due is judged by statement_timestamp(), each lease runs from when its row is
 # written, and last_attempted_at (returned last) is the claim's time by the database's
 # clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
 # failing the whole claim.
-# The candidates are sql.CLAIM_LEVELS: their cost does not grow with tasks due later or
-# tasks of other queues.
+# The candidates are sql.CLAIM_CANDIDATES_LATERAL: their cost does not grow with tasks due
+# later or tasks of other queues.
 # Parameters (``claim_parameters``): backend, queues (one text array), the claim filters',
 # limit (twice), lease token, lease seconds, worker id.
 CLAIM_TEMPLATE = """
@@ -81,7 +85,9 @@ CLAIM_TEMPLATE = """
 def claim_statement(conditions: str = "") -> str:
     """The claim with the registered claim filters' ``conditions`` (built once per set)."""
     return CLAIM_TEMPLATE.format(
-        candidates=sql.claim_levels(
+        candidates=sql.claim_candidates(
+            sql.CLAIM_CANDIDATES_LATERAL,
+            served=SERVED,
             now=NOW,
             skip_locked="\n            FOR UPDATE SKIP LOCKED",
             conditions=conditions,
