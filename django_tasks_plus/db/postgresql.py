@@ -134,15 +134,20 @@ INSERT_AND_NOTIFY = "WITH inserted AS ({insert}) " + NOTIFY_QUEUES
 
 # Bound the worker's own statements: a lock wait gives up sooner than a statement, so a
 # stalled table is noticed (logged, retried) while the lease can still be renewed.
+# And no JIT: the claim's planner estimate multiplies a guess of ~100 priority levels by
+# the per-level cost (its real cost is a few index probes), which passes jit_above_cost
+# with a deep backlog and a big prefetch; compiling then took ~270 ms of every claim. The
+# worker's statements are short and run thousands of times, never worth compiling.
 # Parameters: statement_timeout and lock_timeout in milliseconds, as text.
-SET_WORKER_TIMEOUTS = (
-    "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)"
-)
+SET_WORKER_TIMEOUTS = """
+    SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false),
+           set_config('jit', 'off', false)
+"""
 # Back to each setting's value at the start of the session (its "reset value": the
 # server's, the role's, or the connection options' own).
 RESET_WORKER_TIMEOUTS = """
     SELECT set_config(name, reset_val, false) FROM pg_settings
-     WHERE name IN ('statement_timeout', 'lock_timeout')
+     WHERE name IN ('statement_timeout', 'lock_timeout', 'jit')
 """
 
 # Many fenced outcomes that set the same columns, in one statement: the whole group is
