@@ -77,7 +77,7 @@ def test_the_claim_takes_due_tasks_in_claim_order_across_queues_and_priorities()
     _insert(1, queue="b", priority=0, due_in_seconds=-40)
     _insert(1, queue="a", priority=-3, due_in_seconds=-90)
     _insert(1, queue="b", priority=5, due_in_seconds=+600)  # later: not taken
-    first = _claim(["a", "b"], limit=3)
+    first = _claim(["a", "b", "a"], limit=3)  # a queue named twice is served once
     rest = _claim(["a", "b"], limit=16)
     order = [(task.queue_name, task.priority) for task in first + rest]
     assert order == [("b", 5), ("a", 5), ("a", 0), ("b", 0), ("a", -3)]

@@ -52,7 +52,7 @@ LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
 
 # The served queues as rows (sql.CLAIM_LEVELS' {served}). Parameters: backend, queues (one
 # text array).
-SERVED = "(SELECT %s::text AS backend_name, unnest(%s::text[]) AS queue_name)"
+SERVED = "(SELECT DISTINCT %s::text AS backend_name, unnest(%s::text[]) AS queue_name)"
 
 # The claim, in one round trip: lock up to LIMIT candidates no other claim holds, then
 # lease them. Due is judged by statement_timestamp(), each lease runs from when its row is

@@ -74,7 +74,7 @@ CLAIM = """
 
 # The served queues as rows (sql.CLAIM_LEVELS' {served}). Parameters: backend, queues (one
 # JSON array).
-SERVED = "(SELECT %s AS backend_name, value AS queue_name FROM json_each(%s))"
+SERVED = "(SELECT DISTINCT %s AS backend_name, value AS queue_name FROM json_each(%s))"
 
 
 @lru_cache(maxsize=16)
