@@ -123,3 +123,27 @@ def test_the_claim_reads_the_same_buffers_whatever_the_backlog():
     assert claimed == 0
     assert TaskRecord.objects.count() == 60_000
     assert big <= small + 10, (small, big)
+
+
+def test_the_claim_index_is_built_without_blocking_writes():
+    """0012 builds the claim's index (and drops the old one) CONCURRENTLY on PostgreSQL:
+    a non-atomic migration of the concurrent operations; the index it built is valid."""
+    from importlib import import_module
+
+    from django_tasks_plus.db.migration_operations import (
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    )
+
+    migration = import_module("django_tasks_plus.migrations.0012_claim_index").Migration
+    assert migration.atomic is False
+    assert [type(operation) for operation in migration.operations] == [
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    ]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = 'dtp_task_claim_idx'::regclass"
+            )
+            assert cursor.fetchone() == (True,)

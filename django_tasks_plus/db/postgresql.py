@@ -182,6 +182,7 @@ class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     supports_notify = True
     supports_advisory_locks = True
+    builds_indexes_concurrently = True
     now_sql = NOW
     lock_rows_sql = " FOR UPDATE"
     json_param = "%s::jsonb"

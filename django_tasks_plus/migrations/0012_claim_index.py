@@ -4,7 +4,7 @@
 
 from django.db import migrations, models
 
-from django_tasks_plus.migration_operations import AddIndexConcurrently, RemoveIndexConcurrently
+from django_tasks_plus.db.migration_operations import AddIndexConcurrently, RemoveIndexConcurrently
 
 
 class Migration(migrations.Migration):

@@ -14,8 +14,11 @@ from django.db import migrations
 
 
 def _concurrently(schema_editor: Any) -> bool:
-    """Whether to build concurrently: on PostgreSQL, which refuses it inside a transaction."""
-    if schema_editor.connection.vendor != "postgresql":
+    """Whether to build concurrently (``Dialect.builds_indexes_concurrently``); where it
+    does, the database refuses it inside a transaction."""
+    from . import dialect_for
+
+    if not dialect_for(schema_editor.connection).builds_indexes_concurrently:
         return False
     if schema_editor.connection.in_atomic_block:
         raise RuntimeError(
