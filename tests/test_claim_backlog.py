@@ -147,3 +147,27 @@ def test_the_claim_index_is_built_without_blocking_writes():
                 "SELECT indisvalid FROM pg_index WHERE indexrelid = 'dtp_task_claim_idx'::regclass"
             )
             assert cursor.fetchone() == (True,)
+
+
+@pytest.mark.postgres
+def test_the_worker_s_sessions_run_without_jit():
+    """The claim's estimate can pass jit_above_cost with a deep backlog (compiling took
+    ~270 ms of every claim): the worker's bookkeeping sessions turn JIT off, and give the
+    session's own setting back when unbounded."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's JIT")
+    from django_tasks_plus.db import worker_connection
+
+    def jit(on: Any) -> str:
+        with on.cursor() as cursor:
+            cursor.execute("SELECT current_setting('jit')")
+            return cursor.fetchone()[0]
+
+    connection.ensure_connection()
+    own = jit(connection)
+    bounded = worker_connection("default", 30)
+    try:
+        assert jit(bounded) == "off"
+    finally:
+        dialect_for(bounded).unbound_worker_statements(bounded)
+    assert jit(bounded) == own
