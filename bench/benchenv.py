@@ -23,7 +23,7 @@ MANAGE = TESTPROJECT / "manage.py"
 RESULTS = BENCH / "results"
 
 PG_SERVER = "postgresql://root@127.0.0.1:5432"
-PG_DATABASE = "bench"
+PG_DATABASE = os.environ.get("BENCH_DATABASE", "bench")  # another name: runs side by side
 PG_URL = f"postgres://root@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"{PG_SERVER}/{PG_DATABASE}"
 

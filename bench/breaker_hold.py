@@ -161,12 +161,17 @@ def claim_query_ms(connection: Any) -> float:
     from django_tasks_plus.db import postgresql, sql
 
     query = sql.claim_candidates(
-        queue_in="= ANY(%s)", now=postgresql.NOW, skip_locked="\n        FOR UPDATE SKIP LOCKED"
+        sql.CLAIM_CANDIDATES_LATERAL,
+        served=postgresql.SERVED,
+        now=postgresql.NOW,
+        skip_locked="\n            FOR UPDATE SKIP LOCKED",
     )
     times = []
     for _ in range(5):
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", ["default", ["default"], 8])
+            cursor.execute(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", ["default", ["default"], 8, 8]
+            )
             plan = cursor.fetchone()[0]
             plan = json.loads(plan) if isinstance(plan, str) else plan
             times.append(float(plan[0]["Execution Time"]))

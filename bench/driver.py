@@ -41,12 +41,12 @@ from django.utils import timezone  # noqa: E402
 
 from django_tasks_plus import enqueue_many  # noqa: E402
 from django_tasks_plus.compat import task_backends  # noqa: E402
-from django_tasks_plus.db.sql import ORDERING_HEAD  # noqa: E402
+from django_tasks_plus.db import postgresql, sql  # noqa: E402
 from django_tasks_plus.models import DedupKey, TaskRecord, WorkerRecord  # noqa: E402
 from example.tasks import add  # noqa: E402
 
 TASKS = TaskRecord._meta.db_table
-READY_INDEX = "dtp_task_ready_idx"
+CLAIM_INDEX = "dtp_task_claim_idx"
 CLAIM_LIMIT = 16  # default concurrency 8 + default prefetch 8
 
 
@@ -129,31 +129,27 @@ def committed_transactions() -> int | None:
 def claim_plan() -> dict[str, Any]:
     """EXPLAIN (ANALYZE) the worker's candidate SELECT, rolled back; does it use the index?
 
-    It is the SELECT inside the worker's claim CTE, with the same filters (the ordering-key
-    guard comes from the package itself), the served queues and the default batch limit.
+    It is the SELECT inside the worker's claim CTE (the package's own text), with the
+    served queues and the default batch limit.
     """
     if not is_postgres():
         return {}
-    quote = connection.ops.quote_name
     queues = sorted(task_backends["default"].settings.queues)
-    sql = f"""
-        EXPLAIN (ANALYZE, BUFFERS)
-        SELECT candidate.id FROM {quote(TASKS)} candidate
-        WHERE candidate.status = 'READY'
-          AND candidate.backend_name = 'default'
-          AND candidate.queue_name = ANY(%s)
-          AND candidate.run_after <= now()
-          AND {ORDERING_HEAD}
-        ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
-        LIMIT {CLAIM_LIMIT}
-        FOR UPDATE SKIP LOCKED
-    """
+    candidates = sql.claim_candidates(
+        sql.CLAIM_CANDIDATES_LATERAL,
+        served=postgresql.SERVED,
+        now=postgresql.NOW,
+        skip_locked="\n            FOR UPDATE SKIP LOCKED",
+    )
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, [queues])
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) " + candidates,
+            ["default", queues, CLAIM_LIMIT, CLAIM_LIMIT],
+        )
         lines = [row[0] for row in cursor.fetchall()]
         transaction.set_rollback(True)
     plan = "\n".join(lines)
-    return {"plan": plan, "uses_ready_index": READY_INDEX in plan}
+    return {"plan": plan, "uses_claim_index": CLAIM_INDEX in plan}
 
 
 # --------------------------------------------------------------------------------------

@@ -226,7 +226,7 @@ def scale_rows(scale: Series, reference: Series | None) -> list[Row]:
     theirs = reference.value("rate") if reference else None
     share = ratio(ours, theirs)
     history = scale.value("history_rows") or 0
-    plans = [run.get("uses_ready_index") for run in scale.runs]
+    plans = [run.get("uses_claim_index") for run in scale.runs]
     uses_index = all(plans) if plans and None not in plans else None
     return [
         Row(
@@ -240,7 +240,7 @@ def scale_rows(scale: Series, reference: Series | None) -> list[Row]:
         ),
         Row(
             "W4",
-            "claim plan uses dtp_task_ready_idx",
+            "claim plan uses dtp_task_claim_idx",
             {True: "yes", False: "no", None: "-"}[uses_index],
             "",
             "",

@@ -115,11 +115,13 @@ class TaskRecord(models.Model):
             ("discard_taskrecord", _("Can release ordering keys held by dead tasks")),
         ]
         indexes = [
-            # The claim query walks this index in order and stops after LIMIT rows.
+            # The claim's index: READY tasks by backend and queue, then in claim order, so a
+            # claim probes each served queue's priority levels and reads only the due rows at
+            # the front of each (sql.CLAIM_LEVELS), never other queues' or later tasks.
             models.Index(
-                fields=["-priority", "run_after", "id"],
+                fields=["backend_name", "queue_name", "-priority", "run_after", "id"],
                 condition=Q(status="READY"),
-                name="dtp_task_ready_idx",
+                name="dtp_task_claim_idx",
             ),
             # The reaper looks only at running tasks whose lease ran out.
             models.Index(

@@ -219,13 +219,13 @@ def test_a_claim_filter_without_sql_for_the_database_is_a_clear_error(feature_ta
 
 
 @pytest.mark.postgres
-def test_the_claim_plan_stays_on_the_ready_index_with_a_filter_registered(feature_tables):
+def test_the_claim_plan_stays_on_the_claim_index_with_a_filter_registered(feature_tables):
     """The claim with a feature's condition, EXPLAINed over 5,000 READY tasks beside
-    50,000 finished ones: still a walk of the partial READY index, no scan of the table."""
+    50,000 finished ones: still a walk of the partial claim index, no scan of the table."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's planner")
     from django_tasks_plus.db.pgexec import fetch_all
-    from django_tasks_plus.db.postgresql import claim_statement
+    from django_tasks_plus.db.postgresql import claim_parameters, claim_statement
 
     tasks.add.enqueue_many([((n, n), {}) for n in range(50_000)])
     TaskRecord.objects.update(status=TaskResultStatus.SUCCESSFUL)
@@ -237,8 +237,16 @@ def test_the_claim_plan_stays_on_the_ready_index_with_a_filter_registered(featur
     with extensions.claim_filters.registered(PAUSED_QUEUES):
         conditions, filter_params = extensions.claim_conditions("postgresql", fenced=True)
         assert PAUSED in conditions
-        params = ["default", ["default"], *filter_params, 16, "token", 300.0, "worker"]
+        params = claim_parameters(
+            backend_name="default",
+            queues=["default"],
+            filter_params=filter_params,
+            limit=16,
+            lease_token="token",
+            visibility_timeout=300.0,
+            worker_id="worker",
+        )
         plan_rows = fetch_all(connection, "EXPLAIN " + claim_statement(conditions), params)
     plan = "\n".join(row[0] for row in plan_rows)
-    assert "dtp_task_ready_idx" in plan, plan
+    assert "dtp_task_claim_idx" in plan, plan
     assert f"Seq Scan on {table}" not in plan, plan

@@ -22,12 +22,13 @@ def test_migrations_match_the_models():
 
 
 @pytest.mark.django_db
-def test_partial_ready_index_exists():
+def test_partial_claim_index_exists():
     with connection.cursor() as cursor:
         constraints = connection.introspection.get_constraints(cursor, TaskRecord._meta.db_table)
-    index = constraints["dtp_task_ready_idx"]
+    index = constraints["dtp_task_claim_idx"]
     assert index["index"]
-    assert index["columns"] == ["priority", "run_after", "id"]
+    assert index["columns"] == ["backend_name", "queue_name", "priority", "run_after", "id"]
+    assert "dtp_task_ready_idx" not in constraints
 
 
 def test_queues_share_the_default_doer_unless_configured():

@@ -88,12 +88,12 @@ def test_worker_survives_dropped_connections(start_worker, tmp_path):
     assert worker.poll() is None, worker_log(tmp_path)
 
 
-def test_claim_plan_uses_the_partial_ready_index():
+def test_claim_plan_uses_the_partial_claim_index():
     """The worker's real claim statement, EXPLAINed over a backlog of 5,000 READY tasks
     beside 50,000 finished ones (as in the benchmark's W4, scaled down): it must walk the
-    partial READY index in claim order, not scan or sort the table."""
+    partial claim index (dtp_task_claim_idx), not scan or sort the table."""
     from django_tasks_plus.db.pgexec import fetch_all
-    from django_tasks_plus.db.postgresql import CLAIM
+    from django_tasks_plus.db.postgresql import CLAIM, claim_parameters
 
     tasks.add.enqueue_many([((n, n), {}) for n in range(50_000)])
     TaskRecord.objects.update(status=TaskResultStatus.SUCCESSFUL)
@@ -101,9 +101,17 @@ def test_claim_plan_uses_the_partial_ready_index():
     table = TaskRecord._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {table}")
-    params = ["default", ["default"], 16, "token", 300.0, "worker"]
+    params = claim_parameters(
+        backend_name="default",
+        queues=["default"],
+        filter_params=[],
+        limit=16,
+        lease_token="token",
+        visibility_timeout=300.0,
+        worker_id="worker",
+    )
     plan_rows = fetch_all(connection, "EXPLAIN " + CLAIM, params)
     plan = "\n".join(row[0] for row in plan_rows)
-    assert "dtp_task_ready_idx" in plan, plan
+    assert "dtp_task_claim_idx" in plan, plan
     assert f"Seq Scan on {table} candidate" not in plan, plan
     assert TaskRecord.objects.filter(status=TaskResultStatus.READY).count() == 5_000

@@ -168,6 +168,9 @@ class Dialect(ABC):
     supports_advisory_locks: bool = False
     """Whether a session can hold a named lock that ends with it (leadership uses one;
     else a lease row)."""
+    builds_indexes_concurrently: bool = False
+    """Whether migrations build and drop indexes without blocking writes (``CREATE INDEX
+    CONCURRENTLY``; ``db/migration_operations.py``)."""
     now_sql: str
     """The database's current time, as SQL: for comparisons (due, expired)."""
     lock_rows_sql: str = ""

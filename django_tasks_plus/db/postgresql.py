@@ -50,13 +50,19 @@ NOW = "statement_timestamp()"
 # after any lock wait, so a lease is never partly spent before it is handed out.
 LEASE_EXPIRY = "clock_timestamp() + %s * interval '1 second'"
 
+# The served queues as rows (sql.CLAIM_LEVELS' {served}). Parameters: backend, queues (one
+# text array).
+SERVED = "(SELECT DISTINCT %s::text AS backend_name, unnest(%s::text[]) AS queue_name)"
+
 # The claim, in one round trip: lock up to LIMIT candidates no other claim holds, then
 # lease them. Due is judged by statement_timestamp(), each lease runs from when its row is
 # written, and last_attempted_at (returned last) is the claim's time by the database's
 # clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
 # failing the whole claim.
-# Parameters: backend, queues (one text array), the claim filters', limit, lease token,
-# lease seconds, worker id.
+# The candidates are sql.CLAIM_CANDIDATES_LATERAL: their cost does not grow with tasks due
+# later or tasks of other queues.
+# Parameters (``claim_parameters``): backend, queues (one text array), the claim filters',
+# limit (twice), lease token, lease seconds, worker id.
 CLAIM_TEMPLATE = """
     WITH picked AS ({candidates})
     UPDATE django_tasks_plus_taskrecord task SET
@@ -80,9 +86,10 @@ def claim_statement(conditions: str = "") -> str:
     """The claim with the registered claim filters' ``conditions`` (built once per set)."""
     return CLAIM_TEMPLATE.format(
         candidates=sql.claim_candidates(
-            queue_in="= ANY(%s)",
+            sql.CLAIM_CANDIDATES_LATERAL,
+            served=SERVED,
             now=NOW,
-            skip_locked="\n        FOR UPDATE SKIP LOCKED",
+            skip_locked="\n            FOR UPDATE SKIP LOCKED",
             conditions=conditions,
         ),
         lease_expiry=LEASE_EXPIRY,
@@ -91,8 +98,30 @@ def claim_statement(conditions: str = "") -> str:
     )
 
 
-# The claim with no claim filter registered. Parameters: backend, queues (one text
-# array), the filters' (none here), limit, lease token, lease seconds, worker id.
+def claim_parameters(
+    *,
+    backend_name: str,
+    queues: Sequence[str],
+    filter_params: Sequence[Any],
+    limit: int,
+    lease_token: str,
+    visibility_timeout: float,
+    worker_id: str,
+) -> list[Any]:
+    """The parameters of ``claim_statement``, in the order its text takes them."""
+    return [
+        backend_name,
+        list(queues),
+        *filter_params,
+        limit,
+        limit,
+        lease_token,
+        visibility_timeout,
+        worker_id,
+    ]
+
+
+# The claim with no claim filter registered (parameters: ``claim_parameters``).
 CLAIM = claim_statement()
 
 # Wake the workers of the given queues. PostgreSQL delivers notifications only on commit
@@ -105,15 +134,20 @@ INSERT_AND_NOTIFY = "WITH inserted AS ({insert}) " + NOTIFY_QUEUES
 
 # Bound the worker's own statements: a lock wait gives up sooner than a statement, so a
 # stalled table is noticed (logged, retried) while the lease can still be renewed.
+# And no JIT: the claim's planner estimate multiplies a guess of ~100 priority levels by
+# the per-level cost (its real cost is a few index probes), which passes jit_above_cost
+# with a deep backlog and a big prefetch; compiling then took ~270 ms of every claim. The
+# worker's statements are short and run thousands of times, never worth compiling.
 # Parameters: statement_timeout and lock_timeout in milliseconds, as text.
-SET_WORKER_TIMEOUTS = (
-    "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)"
-)
+SET_WORKER_TIMEOUTS = """
+    SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false),
+           set_config('jit', 'off', false)
+"""
 # Back to each setting's value at the start of the session (its "reset value": the
 # server's, the role's, or the connection options' own).
 RESET_WORKER_TIMEOUTS = """
     SELECT set_config(name, reset_val, false) FROM pg_settings
-     WHERE name IN ('statement_timeout', 'lock_timeout')
+     WHERE name IN ('statement_timeout', 'lock_timeout', 'jit')
 """
 
 # Many fenced outcomes that set the same columns, in one statement: the whole group is
@@ -154,6 +188,7 @@ class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
     supports_notify = True
     supports_advisory_locks = True
+    builds_indexes_concurrently = True
     now_sql = NOW
     lock_rows_sql = " FOR UPDATE"
     json_param = "%s::jsonb"
@@ -217,15 +252,15 @@ class PostgreSQLDialect(Dialect):
         visibility_timeout: float,
     ) -> list[ClaimedTask]:
         conditions, filter_params = claim_conditions(self.vendor, fenced=True)
-        params = [
-            backend_name,
-            list(queues),
-            *filter_params,
-            limit,
-            lease_token,
-            visibility_timeout,
-            worker_id,
-        ]
+        params = claim_parameters(
+            backend_name=backend_name,
+            queues=queues,
+            filter_params=filter_params,
+            limit=limit,
+            lease_token=lease_token,
+            visibility_timeout=visibility_timeout,
+            worker_id=worker_id,
+        )
         rows = fetch_all(connection, claim_statement(conditions), params)
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])

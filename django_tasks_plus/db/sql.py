@@ -7,7 +7,7 @@ differs and the dialect fills it once (``Dialect`` documents each fragment):
 - ``{lease_expiry}``: "N seconds from now", read when the row is written;
 - ``{lock_rows}``: locks the rows a sub-select reads, where the database has row locks;
 - ``{skip_locked}``: skips rows another claim holds, where the database can;
-- ``{queue_in}``: the test that a queue is one of the served ones;
+- ``{served}``: the served queues as rows of (backend_name, queue_name);
 - ``{json}``: a parameter of JSON text read as the column's JSON type.
 
 Names are written as the models name them, unquoted: the models set no ``db_table`` or
@@ -68,20 +68,73 @@ ORDERING_HEAD = """(
     )"""
 
 # The ids a claim takes: due READY tasks of one backend and its queues, each at the head of
-# its ordering key, in claim order (priority, due time, id). That is the order of the
-# partial index dtp_task_ready_idx, which the planner walks, stopping after LIMIT rows.
-# {conditions}: the registered claim filters (``extensions.claim_filters``), each
-# "AND (fragment)", empty when none is registered.
-# Parameters: backend name, the queues (as {queue_in} takes them), the filters', the limit.
-CLAIM_CANDIDATES = """
-        SELECT candidate.id FROM django_tasks_plus_taskrecord candidate
-        WHERE candidate.status = 'READY'
-          AND candidate.backend_name = %s
-          AND candidate.queue_name {queue_in}
-          AND candidate.run_after <= {now}
-          AND {ordering_head}{conditions}
+# its ordering key, in claim order (priority, due time, id), without walking rows the claim
+# will not take. The READY tasks of one backend and queue at one priority sit together in
+# the partial index dtp_task_claim_idx, due ones first; so the claim lists each served
+# queue's priority levels (CLAIM_LEVELS: one index probe per level present, a loose index
+# scan), takes up to LIMIT due rows from each level (an index range that ends at the first
+# later run_after) and merges them. Tasks due later, at any priority, and tasks of queues
+# not served cost one probe per level, whatever their number.
+# {served}: a row source of (backend_name, queue_name), one row per served queue, taking
+# the backend name and the queues as parameters.
+CLAIM_LEVELS = """levels AS (
+            SELECT served.backend_name, served.queue_name, (
+                SELECT max(level.priority) FROM django_tasks_plus_taskrecord level
+                WHERE level.status = 'READY'
+                  AND level.backend_name = served.backend_name
+                  AND level.queue_name = served.queue_name
+            ) AS priority
+            FROM {served} served
+            UNION ALL
+            SELECT levels.backend_name, levels.queue_name, (
+                SELECT max(level.priority) FROM django_tasks_plus_taskrecord level
+                WHERE level.status = 'READY'
+                  AND level.backend_name = levels.backend_name
+                  AND level.queue_name = levels.queue_name
+                  AND level.priority < levels.priority
+            )
+            FROM levels WHERE levels.priority IS NOT NULL
+        )"""
+
+# The due rows of one level (``levels``), in claim order: {conditions} are the registered
+# claim filters (``extensions.claim_filters``), each "AND (fragment)", empty when none is
+# registered; {skip_locked} locks the rows taken, skipping those another claim holds.
+LEVEL_ROWS = """
+            SELECT candidate.id, candidate.priority, candidate.run_after
+            FROM django_tasks_plus_taskrecord candidate
+            WHERE candidate.status = 'READY'
+              AND candidate.backend_name = levels.backend_name
+              AND candidate.queue_name = levels.queue_name
+              AND candidate.priority = levels.priority
+              AND candidate.run_after <= {now}
+              AND {ordering_head}{conditions}
+            ORDER BY candidate.run_after, candidate.id
+            LIMIT %s{skip_locked}"""
+
+# The candidates where the database joins LATERAL (PostgreSQL): each level's rows, merged.
+# Each level locks at most LIMIT rows; the merge keeps the first LIMIT of them all, and the
+# others' locks end with the claim's statement.
+# Parameters: {served}'s (backend name, queues), the filters', the limit (twice).
+CLAIM_CANDIDATES_LATERAL = """
+        WITH RECURSIVE {levels}
+        SELECT candidate.id FROM levels CROSS JOIN LATERAL ({level_rows}
+        ) candidate
+        WHERE levels.priority IS NOT NULL
         ORDER BY candidate.priority DESC, candidate.run_after, candidate.id
-        LIMIT %s{skip_locked}
+        LIMIT %s
+"""
+
+# The candidates where the database has no LATERAL but correlates a sub-select (SQLite):
+# a task is taken when it is among its level's first rows.
+# Parameters: {served}'s (backend name, queues), the filters', the limit (twice).
+CLAIM_CANDIDATES_CORRELATED = """
+        WITH RECURSIVE {levels}
+        SELECT taken.id FROM levels JOIN django_tasks_plus_taskrecord taken
+          ON taken.id IN (SELECT id FROM ({level_rows}
+          ))
+        WHERE levels.priority IS NOT NULL
+        ORDER BY taken.priority DESC, taken.run_after, taken.id
+        LIMIT %s
 """
 
 # Extend every lease still held, in one statement. The rows are locked by the sub-select
@@ -124,17 +177,16 @@ INSERT_DEDUP_KEY = """
 
 
 def claim_candidates(
-    *, queue_in: str, now: str, skip_locked: str = "", conditions: str = ""
+    template: str, *, served: str, now: str, skip_locked: str = "", conditions: str = ""
 ) -> str:
-    """``CLAIM_CANDIDATES`` with a dialect's fragments (``skip_locked`` starts with a
-    newline and its indentation, or is empty) and the claim filters' ``conditions``
-    (``extensions.claim_conditions``)."""
-    return CLAIM_CANDIDATES.format(
-        queue_in=queue_in,
-        now=now,
-        skip_locked=skip_locked,
-        ordering_head=ORDERING_HEAD,
-        conditions=conditions,
+    """A claim's candidates (``CLAIM_CANDIDATES_LATERAL`` or ``CLAIM_CANDIDATES_CORRELATED``)
+    with a dialect's fragments (``skip_locked`` starts with a newline and its indentation,
+    or is empty) and the claim filters' ``conditions`` (``extensions.claim_conditions``)."""
+    return template.format(
+        levels=CLAIM_LEVELS.format(served=served),
+        level_rows=LEVEL_ROWS.format(
+            now=now, skip_locked=skip_locked, ordering_head=ORDERING_HEAD, conditions=conditions
+        ),
     )
 
 

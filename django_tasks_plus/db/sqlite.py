@@ -8,6 +8,7 @@ writer do not block each other.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -49,8 +50,10 @@ NEXT_SEQUENCE = "(SELECT COALESCE(MAX(sequence), 0) + {offset} FROM django_tasks
 # needed). Every time is read inside the statement; last_attempted_at (returned last) is
 # the claim's time. json_insert raises on malformed JSON, so a worker_ids that is not an
 # array is replaced by a fresh one: one corrupt row must not fail every claim.
-# Parameters: lease token, lease modifier, worker id, backend, the queues ({queue_marks}:
-# one placeholder each), the claim filters', limit.
+# The candidates are sql.CLAIM_CANDIDATES_CORRELATED: their cost does not grow with tasks
+# due later or tasks of other queues.
+# Parameters: lease token, lease modifier, worker id, backend, the queues (one JSON array),
+# the claim filters', limit (twice).
 CLAIM = """
     UPDATE django_tasks_plus_taskrecord SET
         status = 'RUNNING',
@@ -69,13 +72,17 @@ CLAIM = """
 """
 
 
+# The served queues as rows (sql.CLAIM_LEVELS' {served}). Parameters: backend, queues (one
+# JSON array).
+SERVED = "(SELECT DISTINCT %s AS backend_name, value AS queue_name FROM json_each(%s))"
+
+
 @lru_cache(maxsize=16)
-def _claim_sql(queue_count: int, conditions: str = "") -> str:
-    """``CLAIM`` for ``queue_count`` served queues and the claim filters' ``conditions``:
-    built once per count and set of filters."""
+def _claim_sql(conditions: str = "") -> str:
+    """``CLAIM`` with the claim filters' ``conditions``: built once per set of filters."""
     return CLAIM.format(
         candidates=sql.claim_candidates(
-            queue_in=f"IN ({sql.placeholders(queue_count)})", now=DUE, conditions=conditions
+            sql.CLAIM_CANDIDATES_CORRELATED, served=SERVED, now=DUE, conditions=conditions
         ),
         lease_expiry=LEASE_EXPIRY,
         now=NOW,
@@ -154,12 +161,13 @@ class SQLiteDialect(Dialect):
             _seconds_modifier(visibility_timeout),
             worker_id,
             backend_name,
-            *queues,
+            json.dumps(list(queues)),
             *filter_params,
+            limit,
             limit,
         ]
         with connection.cursor() as cursor:
-            cursor.execute(_claim_sql(len(queues), conditions), params)
+            cursor.execute(_claim_sql(conditions), params)
             rows = cursor.fetchall()
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], self.parse_time(row[-1])) for row in rows])

@@ -1,0 +1,173 @@
+"""The claim pays only for the rows it takes: tasks due later (at any priority) and due
+tasks of queues the worker does not serve cost it nothing that grows with their number."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_tasks_plus.db import dialect_for
+from django_tasks_plus.models import TaskRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TABLE = TaskRecord._meta.db_table
+
+
+def _insert(count: int, *, queue: str, priority: int, due_in_seconds: int) -> None:
+    """``count`` READY rows of the default backend, due ``due_in_seconds`` from now (past
+    when negative), written by one INSERT … SELECT so a big backlog takes no time."""
+    if connection.vendor == "postgresql":
+        ids, series, due = (
+            "gen_random_uuid()",
+            f"generate_series(1, {count})",
+            f"now() + make_interval(secs => {due_in_seconds})",
+        )
+    else:
+        ids = "lower(hex(randomblob(16)))"
+        series = (
+            "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n"
+            f" WHERE i < {count}) SELECT i FROM n)"
+        )
+        due = f"strftime('%Y-%m-%d %H:%M:%f', 'now', '{due_in_seconds:+d} seconds')"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {TABLE} (id, task_path, backend_name, queue_name, priority, args,
+                kwargs, status, run_after, attempt, worker_ids, enqueued_at, errors,
+                dead_letter_reason, ordering_blocked, cancel_requested)
+            SELECT {ids}, 'tests.tasks.add', 'default', %s, %s, '[]', '{{}}', 'READY',
+                {due}, 0, '[]', {due}, '[]', '', false, false
+            FROM {series} AS s
+            """,
+            [queue, priority],
+        )
+
+
+def _backlog(count: int) -> None:
+    """The three kinds of rows a claim must not pay for, ``count`` of each."""
+    _insert(count, queue="default", priority=0, due_in_seconds=3600)  # retries, scheduled
+    _insert(count, queue="default", priority=10, due_in_seconds=3600)  # ... at a higher priority
+    _insert(count, queue="elsewhere", priority=0, due_in_seconds=-60)  # a queue not served
+
+
+def _claim(queues: list[str], limit: int = 16) -> list[Any]:
+    return dialect_for(connection).claim(
+        connection,
+        backend_name="default",
+        queues=queues,
+        limit=limit,
+        worker_id="w",
+        lease_token=uuid.uuid4().hex,
+        visibility_timeout=60.0,
+    )
+
+
+def test_the_claim_takes_due_tasks_in_claim_order_across_queues_and_priorities():
+    """Beside a backlog of every kind, the claim takes exactly the due tasks of its own
+    queues: highest priority first, then earliest due, whichever served queue holds them."""
+    _backlog(50)
+    _insert(1, queue="b", priority=5, due_in_seconds=-30)
+    _insert(1, queue="a", priority=5, due_in_seconds=-20)
+    _insert(1, queue="a", priority=0, due_in_seconds=-50)
+    _insert(1, queue="b", priority=0, due_in_seconds=-40)
+    _insert(1, queue="a", priority=-3, due_in_seconds=-90)
+    _insert(1, queue="b", priority=5, due_in_seconds=+600)  # later: not taken
+    first = _claim(["a", "b", "a"], limit=3)  # a queue named twice is served once
+    rest = _claim(["a", "b"], limit=16)
+    order = [(task.queue_name, task.priority) for task in first + rest]
+    assert order == [("b", 5), ("a", 5), ("a", 0), ("b", 0), ("a", -3)]
+    assert _claim(["a", "b"]) == []
+
+
+@pytest.mark.postgres
+def test_the_claim_reads_the_same_buffers_whatever_the_backlog():
+    """EXPLAIN (ANALYZE, BUFFERS) of the worker's claim, idle, beside 1,000 and then
+    20,000 rows of each kind nobody may take yet: the buffers it reads stay within a small
+    constant (a deeper index), where a walk of the backlog would read thousands more."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's EXPLAIN")
+    from django_tasks_plus.db.postgresql import CLAIM, claim_parameters
+
+    def idle_claim_buffers() -> tuple[int, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {TABLE}")
+            cursor.execute("BEGIN")
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM,
+                claim_parameters(
+                    backend_name="default",
+                    queues=["default"],
+                    filter_params=[],
+                    limit=16,
+                    lease_token="token",
+                    visibility_timeout=60.0,
+                    worker_id="w",
+                ),
+            )
+            (raw,) = cursor.fetchone()
+            cursor.execute("ROLLBACK")
+        plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+        blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        return blocks, plan["Actual Rows"]
+
+    _backlog(1_000)
+    small, claimed = idle_claim_buffers()
+    assert claimed == 0
+    _backlog(19_000)
+    big, claimed = idle_claim_buffers()
+    assert claimed == 0
+    assert TaskRecord.objects.count() == 60_000
+    assert big <= small + 10, (small, big)
+
+
+def test_the_claim_index_is_built_without_blocking_writes():
+    """0012 builds the claim's index (and drops the old one) CONCURRENTLY on PostgreSQL:
+    a non-atomic migration of the concurrent operations; the index it built is valid."""
+    from importlib import import_module
+
+    from django_tasks_plus.db.migration_operations import (
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    )
+
+    migration = import_module("django_tasks_plus.migrations.0012_claim_index").Migration
+    assert migration.atomic is False
+    assert [type(operation) for operation in migration.operations] == [
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    ]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = 'dtp_task_claim_idx'::regclass"
+            )
+            assert cursor.fetchone() == (True,)
+
+
+@pytest.mark.postgres
+def test_the_worker_s_sessions_run_without_jit():
+    """The claim's estimate can pass jit_above_cost with a deep backlog (compiling took
+    ~270 ms of every claim): the worker's bookkeeping sessions turn JIT off, and give the
+    session's own setting back when unbounded."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's JIT")
+    from django_tasks_plus.db import worker_connection
+
+    def jit(on: Any) -> str:
+        with on.cursor() as cursor:
+            cursor.execute("SELECT current_setting('jit')")
+            return cursor.fetchone()[0]
+
+    connection.ensure_connection()
+    own = jit(connection)
+    bounded = worker_connection("default", 30)
+    try:
+        assert jit(bounded) == "off"
+    finally:
+        dialect_for(bounded).unbound_worker_statements(bounded)
+    assert jit(bounded) == own
