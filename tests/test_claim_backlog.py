@@ -135,7 +135,7 @@ def test_the_claim_index_is_built_without_blocking_writes():
         RemoveIndexConcurrently,
     )
 
-    migration = import_module("django_tasks_plus.migrations.0012_claim_index").Migration
+    migration = import_module("django_tasks_plus.migrations.0014_claim_index").Migration
     assert migration.atomic is False
     assert [type(operation) for operation in migration.operations] == [
         AddIndexConcurrently,

@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_tasks_plus", "0011_metric_feature_labels"),
+        ("django_tasks_plus", "0013_schedules"),
     ]
 
     operations = [
