@@ -39,9 +39,9 @@ def _insert(count: int, *, queue: str, priority: int, due_in_seconds: int) -> No
             f"""
             INSERT INTO {TABLE} (id, task_path, backend_name, queue_name, priority, args,
                 kwargs, status, run_after, attempt, worker_ids, enqueued_at, errors,
-                dead_letter_reason, ordering_blocked, cancel_requested)
+                dead_letter_reason, ordering_blocked, cancel_requested, metadata)
             SELECT {ids}, 'tests.tasks.add', 'default', %s, %s, '[]', '{{}}', 'READY',
-                {due}, 0, '[]', {due}, '[]', '', false, false
+                {due}, 0, '[]', {due}, '[]', '', false, false, '{{}}'
             FROM {series} AS s
             """,
             [queue, priority],
