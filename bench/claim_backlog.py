@@ -81,10 +81,10 @@ def add_backlog(dsn: str, count: int, queue: str, priority: int, due_in: int) ->
             f"""
             INSERT INTO {TASKS} (id, task_path, backend_name, queue_name, priority, args,
                 kwargs, status, run_after, attempt, worker_ids, enqueued_at, errors,
-                dead_letter_reason, ordering_blocked, cancel_requested)
+                dead_letter_reason, ordering_blocked, cancel_requested, metadata)
             SELECT gen_random_uuid(), 'benchtasks.stamp', 'default', %s, %s, '[0]', '{{}}',
                 'READY', now() + make_interval(secs => %s), 0, '[]', now(), '[]', '',
-                false, false
+                false, false, '{{}}'
             FROM generate_series(1, %s)
             """,
             [queue, priority, due_in, count],
