@@ -96,13 +96,13 @@ def fill_history(rows: int) -> float:
                 run_after, attempt, lease_token, lease_expires_at, worker_ids, enqueued_at,
                 started_at, last_attempted_at, finished_at, return_value, errors,
                 dead_letter_reason, ordering_key, ordering_blocked, dedup_key,
-                cancel_requested
+                cancel_requested, metadata
             )
             SELECT gen_random_uuid(), 'example.tasks.add', 'default', 'default', 0,
                    jsonb_build_array(g, g), '{{}}'::jsonb, 'SUCCESSFUL',
                    at, 1, NULL, NULL, '["history-worker"]'::jsonb, at,
                    at + interval '1 ms', at + interval '1 ms', at + interval '2 ms',
-                   to_jsonb(2 * g), '[]'::jsonb, '', NULL, false, NULL, false
+                   to_jsonb(2 * g), '[]'::jsonb, '', NULL, false, NULL, false, '{{}}'::jsonb
             FROM generate_series(1, %s) AS g,
                  LATERAL (SELECT now() - interval '1 day' + g * interval '50 ms') AS t(at)
             """,
