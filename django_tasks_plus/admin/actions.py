@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import ngettext
@@ -22,6 +21,7 @@ from .. import operations
 from ..compat import InvalidTaskBackend, TaskResultDoesNotExist, TaskResultStatus
 from ..exceptions import TasksPlusError
 from ..models import TaskRecord
+from .base import log_change
 
 BATCH = 500
 LOADED = ("id", "backend_name", "task_path", "status", "queue_name")
@@ -113,22 +113,12 @@ def apply(
             outcome.done += 1
             changed.append(record)
             if len(changed) >= BATCH:
-                _log(request, changed, message)
+                log_change(request, changed, message)
                 changed = []
         else:
             outcome.skipped += 1
-    _log(request, changed, message)
+    log_change(request, changed, message)
     return outcome
-
-
-def _log(request: HttpRequest, records: list[TaskRecord], message: str) -> None:
-    if records:
-        LogEntry.objects.log_actions(
-            user_id=cast(Any, request.user.pk),
-            queryset=records,
-            action_flag=CHANGE,
-            change_message=message,
-        )
 
 
 def in_batches(queryset: QuerySet[TaskRecord]) -> Iterator[TaskRecord]:

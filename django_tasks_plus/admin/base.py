@@ -1,10 +1,14 @@
-"""What every page of this admin shares: rows are read-only, and the stylesheet."""
+"""What every page of this admin shares: rows are read-only, the stylesheet, and the
+audit entry an operator's action leaves in Django's admin history."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db.models import Model
 from django.http import HttpRequest
 
 STYLESHEET = "django_tasks_plus/admin.css"
@@ -25,3 +29,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def log_change(request: HttpRequest, rows: Sequence[Model], message: str) -> None:
+    """One "changed" entry per row in the admin's history, for an action the operator took
+    (redrive, force close, pause, ...); nothing when no row changed."""
+    if rows:
+        LogEntry.objects.log_actions(
+            user_id=cast(Any, request.user.pk),
+            queryset=rows,
+            action_flag=CHANGE,
+            change_message=message,
+        )

@@ -8,10 +8,9 @@ never edited by hand. Each forced change is logged under the operator.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -26,7 +25,7 @@ from ..compat import TaskResultStatus
 from ..exceptions import TasksPlusError
 from ..models import BreakerRecord
 from . import html
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, log_change
 
 
 def _annotate(rows: list[BreakerRecord]) -> None:
@@ -194,12 +193,7 @@ class BreakerRecordAdmin(ReadOnlyAdmin):
                 self.message_user(request, f"{row}: {exc}", messages.ERROR)
                 continue
             forced += 1
-            LogEntry.objects.log_actions(
-                user_id=cast(Any, request.user.pk),
-                queryset=[row],
-                action_flag=CHANGE,
-                change_message=f"Forced {state} from the admin.",
-            )
+            log_change(request, [row], f"Forced {state} from the admin.")
         self.message_user(
             request,
             ngettext("%(n)d circuit forced %(s)s.", "%(n)d circuits forced %(s)s.", forced)

@@ -9,10 +9,9 @@ one through ``schedules.api``. The actions need the model's change permission
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
@@ -21,7 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from ..models import ScheduleRecord, TaskRecord
 from ..schedules import ScheduleError, api
 from . import html
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, log_change
 
 
 class ScheduleRecordAdmin(ReadOnlyAdmin):
@@ -96,10 +95,5 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
                 self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
                 continue
             count += 1
-            LogEntry.objects.log_actions(
-                user_id=cast(Any, request.user.pk),
-                queryset=[row],
-                action_flag=CHANGE,
-                change_message=f"Schedule {done} from the admin.",
-            )
+            log_change(request, [row], f"Schedule {done} from the admin.")
         self.message_user(request, f"{count} schedule(s) {done}.", messages.SUCCESS)
