@@ -452,27 +452,19 @@ def task(
     Options left at their defaults are not passed on, so the decorator still works with
     a backend that is not ours (for example Django's ``ImmediateBackend`` in tests).
     """
-    extra: dict[str, Any] = {}
-    if retry is not None:
-        extra["retry"] = retry
-    if timeout is not None:
-        extra["timeout"] = timeout
-    if schema is not None:
-        extra["schema"] = schema
-    if ordering_failure is not None:
-        extra["ordering_failure"] = ordering_failure
-    if middleware is not None:
-        extra["middleware"] = middleware
-    if breaker is not None:
-        extra["breaker"] = breaker
-    if services is not None:
-        extra["services"] = services
-    if enqueue_middleware is not None:
-        extra["enqueue_middleware"] = enqueue_middleware
-    if schedule is not None:
-        extra["schedule"] = schedule
-    if schedules is not None:
-        extra["schedules"] = schedules
+    options = {
+        "retry": retry,
+        "timeout": timeout,
+        "schema": schema,
+        "ordering_failure": ordering_failure,
+        "middleware": middleware,
+        "breaker": breaker,
+        "services": services,
+        "enqueue_middleware": enqueue_middleware,
+        "schedule": schedule,
+        "schedules": schedules,
+    }
+    extra = {name: value for name, value in options.items() if value is not None}
     # Django's task() hands keywords it does not know to the task class (ours).
     decorator = compat.django_task(  # type: ignore[call-overload]
         priority=priority,
