@@ -59,6 +59,27 @@ from tests import tasks
 from tests.conftest import runtasks_command, worker_env
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _claimed(task_id: str) -> ClaimedTask:
+    """A first attempt of ``tests.tasks.add``, claimed at ``NOW`` by worker w1."""
+    return ClaimedTask(
+        id=task_id,
+        task_path="tests.tasks.add",
+        queue_name="default",
+        priority=0,
+        args=[],
+        kwargs={},
+        attempt=1,
+        worker_ids=("w1",),
+        errors=(),
+        enqueued_at=NOW,
+        run_after=NOW,
+        started_at=NOW,
+        lease_token="token",
+    )
+
+
 SECOND = timedelta(seconds=1)
 TIME_OUT_OF_RANGE = "django_tasks_plus.exceptions.TimeOutOfRange"
 # Late on 9999-12-31 at UTC-5: year 10000 by UTC, which psycopg cannot read back.
@@ -162,21 +183,7 @@ def test_settings_durations_are_held_to_the_same_horizon():
 def test_a_retry_policy_answering_past_the_horizon_dead_letters_the_task():
     """Today's main adds the answer to "now" outside the policy's guard: OverflowError on
     the worker's thread, and the task's lease runs out to run it again and again."""
-    task = ClaimedTask(
-        id=str(uuid.uuid4()),
-        task_path="tests.tasks.add",
-        queue_name="default",
-        priority=0,
-        args=[],
-        kwargs={},
-        attempt=1,
-        worker_ids=("w1",),
-        errors=(),
-        enqueued_at=NOW,
-        run_after=NOW,
-        started_at=NOW,
-        lease_token="token",
-    )
+    task = _claimed(str(uuid.uuid4()))
     policy = _failing_policy(timedelta(days=999_999_999))
     outcome = transition(task, Failed(ValueError("boom")), policy=policy, now=NOW)
     assert outcome.status == TaskResultStatus.FAILED
@@ -223,21 +230,7 @@ def test_the_outcome_line_shows_a_time_the_local_zone_cannot(settings):
     """9999-12-31 23:59 UTC is year 10000 in a time zone east of UTC: the -v 1 line
     shows it as stored rather than raise on the outcome writer's thread."""
     settings.TIME_ZONE = "Pacific/Kiritimati"
-    task = ClaimedTask(
-        id="t1",
-        task_path="tests.tasks.add",
-        queue_name="default",
-        priority=0,
-        args=[],
-        kwargs={},
-        attempt=1,
-        worker_ids=("w1",),
-        errors=(),
-        enqueued_at=NOW,
-        run_after=NOW,
-        started_at=NOW,
-        lease_token="token",
-    )
+    task = _claimed("t1")
     outcome = Transition(TaskResultStatus.READY, {"run_after": tasks.LAST_MOMENT})
     line = describe_outcome(task, outcome, 0.01, NOW)
     assert "deferred" in line
@@ -321,21 +314,7 @@ def test_an_outcome_that_cannot_be_described_is_logged_plainly_and_ends_its_leas
         schedule=lambda job: job(),
         log_each_task=True,
     )
-    task = ClaimedTask(
-        id="t-hostile",
-        task_path="tests.tasks.add",
-        queue_name="default",
-        priority=0,
-        args=[],
-        kwargs={},
-        attempt=1,
-        worker_ids=("w1",),
-        errors=(),
-        enqueued_at=NOW,
-        run_after=NOW,
-        started_at=NOW,
-        lease_token="token",
-    )
+    task = _claimed("t-hostile")
     outcome = Transition(TaskResultStatus.SUCCESSFUL, {"return_value": 1, "finished_at": NOW})
     with caplog.at_level(logging.INFO, logger="django_tasks_plus.worker"):
         runner._after_write(task, outcome, 0.01, None, True)
