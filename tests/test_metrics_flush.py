@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,7 +28,7 @@ from django_tasks_plus.metrics.aggregate import aggregator
 from django_tasks_plus.metrics.catalog import ALL_TIME
 from django_tasks_plus.models import MetricFlush, MetricRecord
 from django_tasks_plus.worker.metrics_flusher import MetricsFlusher, MetricsPruner
-from tests.conftest import wait_for
+from tests.conftest import MANAGE, wait_for, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -280,3 +282,23 @@ def test_a_commit_answer_lost_on_the_wire_counts_once(caplog):
         proxy.close()
     assert _dead_lettered(minute=ALL_TIME) == 80
     assert _dead_lettered(minute__gt=ALL_TIME) == 80
+
+
+def test_a_process_that_exits_writes_what_it_counted(tmp_path):
+    """The app's at-exit flush: a process without a worker (a shell, a web process)
+    that enqueues and exits before its first emit-time flush leaves its counts written."""
+    code = "from tests import tasks; tasks.add.enqueue(1, 2); tasks.add.enqueue(2, 3)"
+    proc = subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "-c", code],
+        env=worker_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    stored = MetricRecord.objects.filter(
+        minute=ALL_TIME, name="enqueued", task_path="tests.tasks.add"
+    )
+    assert stored.aggregate(total=Sum("value"))["total"] == 2
+    assert MetricFlush.objects.count() == 1  # one flush, at exit
