@@ -225,14 +225,14 @@ def test_events_report_fires_skips_and_misses(django_capture_on_commit_callbacks
         api.update("adder", when=Every(seconds=10))
         ScheduleRecord.objects.filter(name="adder").update(next_at=T0)
         fire_due(settings_of(), Clock(T0))
-    names = [(event.name, event.metadata["schedule"]) for event in seen]
+    names = [(event.name, event.labels["schedule"]) for event in seen]
     assert names == [
         ("schedule.missed", "adder"),
         ("schedule.fired", "adder"),
         ("schedule.skipped", "adder"),
     ]
     assert seen[0].measurements["count"] == 2  # 2024 and 2025; 2026 fired
-    assert "RUNNING" in seen[2].metadata["reason"] or "READY" in seen[2].metadata["reason"]
+    assert "RUNNING" in seen[2].labels["reason"] or "READY" in seen[2].labels["reason"]
 
 
 # -- the runtime API ------------------------------------------------------------------------
@@ -365,3 +365,38 @@ def test_fires_skips_and_misses_are_counted_per_schedule():
     assert stored["schedule_fires{schedule=adder}"] == 1
     assert stored["schedule_misses{schedule=adder}"] == 2
     assert stored["schedule_skips{schedule=adder}"] == 1
+
+
+# -- the occurrence in the task's metadata --------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # a real worker runs the task
+def test_the_task_knows_its_schedule_and_occurrence_even_after_a_redrive(run_worker):
+    from django_tasks_plus import get_metadata, redrive
+    from django_tasks_plus.compat import TaskResultStatus
+    from django_tasks_plus.schedules import Occurrence, occurrence_of
+
+    api.create("reporter", "tests.tasks.reports_occurrence", Every(seconds=10))
+    ScheduleRecord.objects.filter(name="reporter").update(next_at=T0)
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=2))) == 1
+    [task_id] = occurrence_tasks("reporter")
+    assert get_metadata(str(task_id)) == {"schedule.name": "reporter", "schedule.at": T0}
+    assert occurrence_of(str(task_id)) == Occurrence("reporter", T0)
+    task_id = api.run_now("reporter")
+    assert occurrence_of(task_id).schedule == "reporter"  # type: ignore[union-attr]
+    from tests import tasks
+
+    assert occurrence_of(tasks.add.enqueue(1, 2)) is None  # not enqueued by a schedule
+    with pytest.raises(TypeError, match="takes a TaskContext"):
+        occurrence_of(42)
+
+    # The first attempt dies; the redriven run still carries the occurrence.
+    assert run_worker("--burst").returncode == 0
+    first = TaskRecord.objects.get(pk=occurrence_tasks("reporter")[0])
+    assert first.status == TaskResultStatus.FAILED
+    redrive(str(first.pk))
+    assert run_worker("--burst").returncode == 0
+    first.refresh_from_db()
+    assert first.status == TaskResultStatus.SUCCESSFUL
+    assert first.return_value == ["reporter", T0.isoformat()]
+    assert occurrence_of({"schedule.name": "x"}) is None  # a map without an occurrence
