@@ -171,6 +171,33 @@ def test_a_second_scheduler_with_a_stale_view_cannot_fire_an_occurrence_again():
     assert ScheduleRecord.objects.get(name="adder").next_at == T0 + timedelta(seconds=10)
 
 
+def test_due_schedules_fire_in_batches_each_occurrence_once(monkeypatch):
+    from django_tasks_plus.schedules import store
+
+    monkeypatch.setattr(store, "BATCH_SIZE", 2)
+    for index in range(5):
+        make(f"batch-{index}", when=Every(seconds=10))
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=1))) == 5
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=1))) == 0
+    for index in range(5):
+        [task_id] = occurrence_tasks(f"batch-{index}")
+        assert TaskRecord.objects.get(pk=task_id).args == [2, 3]
+        row = ScheduleRecord.objects.get(name=f"batch-{index}")
+        assert row.last_task_id == task_id and row.next_at == T0 + timedelta(seconds=10)
+
+
+def test_a_schedule_that_cannot_enqueue_is_skipped_with_why_and_holds_up_no_other():
+    for index in range(3):
+        make(f"batch-{index}")
+    # Its task was removed from the code since the schedule was stored.
+    ScheduleRecord.objects.filter(name="batch-1").update(task_path="tests.tasks.removed")
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=1))) == 2
+    assert len(occurrence_tasks("batch-0")) == len(occurrence_tasks("batch-2")) == 1
+    skipped = ScheduleOccurrence.objects.get(schedule__name="batch-1")
+    assert skipped.action == "skipped" and "unknown task" in skipped.reason
+    assert ScheduleRecord.objects.get(name="batch-1").next_at == T0 + timedelta(seconds=10)
+
+
 @pytest.mark.parametrize(
     ("catch_up", "fired", "missed"), [("none", 0, 7), ("latest", 1, 6), ("all", 3, 4)]
 )

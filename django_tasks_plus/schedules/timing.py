@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
+from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -177,6 +178,7 @@ class Plan:
     next_at: datetime
 
 
+@lru_cache(maxsize=4096)
 def plan(
     spec: Spec,
     next_at: datetime,
@@ -194,6 +196,11 @@ def plan(
     while no scheduler ran; ``catch_up`` says what to do with them: ``"none"`` skips
     them, ``"latest"`` fires the latest of them (when no on-time one fires), ``"all"``
     fires each, the latest ``cap`` of them.
+
+    Cached: the schedules due in one tick share ``now`` and, as often as not, their
+    expression, and croniter's walk is the costliest step of firing them. The hash id
+    takes part in the result only through ``H`` (and croniter's ``R``): ``plan_for``
+    leaves it out otherwise.
     """
     if catch_up not in CATCH_UP_POLICIES:
         raise InvalidSchedule(f"catch_up must be one of {CATCH_UP_POLICIES}, got {catch_up!r}.")
@@ -210,6 +217,22 @@ def plan(
         fire = (late[-cap:] if cap > 0 else []) + on_time
     missed = len(due) - len(fire) + dropped
     return Plan(tuple(fire), missed, next_after(spec, now, tz, hash_id))
+
+
+def plan_for(
+    spec: Spec,
+    next_at: datetime,
+    now: datetime,
+    tz: tzinfo,
+    name: str,
+    *,
+    catch_up: str = DEFAULT_CATCH_UP,
+    cap: int = DEFAULT_CATCH_UP_CAP,
+) -> Plan:
+    """``plan`` for the schedule called ``name``: schedules whose expression has no
+    hashed field share one cached plan."""
+    hashed = isinstance(spec, Cron) and any(c in spec.expression.upper() for c in "HR")
+    return plan(spec, next_at, now, tz, name if hashed else "", catch_up=catch_up, cap=cap)
 
 
 def _due(
