@@ -362,6 +362,49 @@ def test_the_admin_lists_schedules_and_pauses_resumes_and_runs_them(django_user_
     assert not ScheduleRecord.objects.get(pk=row.pk).paused
 
 
+def test_the_admin_shows_timing_in_words_history_of_runs_and_the_overview_card(
+    django_user_model,
+):
+    from tests.conftest import admin_client_for
+
+    make(when="0 14 * * 1-5", timezone_name="Europe/Berlin", overlap="skip")  # 12:00 UTC
+    make("ticker", when=Every(seconds=10))
+    api.pause("ticker")
+    client = admin_client_for(
+        "staff_view_only",
+        django_user_model,
+        view=["view_schedulerecord", "view_taskrecord"],
+        actions=[],
+    )
+    url = "/admin/django_tasks_plus/schedulerecord/"
+    page = client.get(url).content.decode()
+    assert "at 14:00 on weekdays" in page and "<code>0 14 * * 1-5</code>" in page
+    assert "every 10 seconds" in page and "Every(seconds=10)" in page
+
+    row = ScheduleRecord.objects.get(name="adder")
+    row.next_at = T0
+    row.save()
+    fire_due(settings_of(), Clock(T0))  # fired: its task stays READY
+    ScheduleRecord.objects.filter(pk=row.pk).update(next_at=T0 + timedelta(days=3))
+    fire_due(settings_of(), Clock(T0 + timedelta(days=3)))  # skipped: the first is READY
+    [fired] = occurrence_tasks("adder")
+    TaskRecord.objects.filter(pk=fired).update(status="FAILED")
+    listed = client.get(url).content.decode()
+    assert f"/admin/django_tasks_plus/taskrecord/{fired}/change/" in listed
+    assert "dtp-badge-failed" in listed  # the last run's status, beside its link
+
+    history = client.get(f"{url}{row.pk}/change/").content.decode()
+    assert "dtp-history" in history
+    assert history.count("<tr><td>") == 2  # the fired and the skipped occurrence
+    assert f"/admin/django_tasks_plus/taskrecord/{fired}/change/" in history
+    assert f"the previous run {fired} is READY" in history
+    assert "2026-06-01 12:00:00" in history
+
+    overview = client.get("/admin/django_tasks_plus/taskrecord/overview/").content.decode()
+    card = overview[overview.index('id="dtp-schedules-card"') :][:400]
+    assert f'href="{url}"' in card and ">1 <small>+ 1 paused</small>" in card
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 
