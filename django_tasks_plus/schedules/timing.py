@@ -30,9 +30,16 @@ CATCH_UP_POLICIES = ("none", "latest", "all")
 OVERLAP_POLICIES = ("allow", "skip")
 DEFAULT_CATCH_UP = "latest"
 DEFAULT_CATCH_UP_CAP = 10
-GRACE = timedelta(seconds=30)
-"""An occurrence found due at most this long ago is on time (a tick is at most a second
-late on a healthy leader); older ones were missed while no scheduler ran."""
+ON_TIME_WINDOW = timedelta(seconds=30)
+"""How late an occurrence may be found and still be on time (it fires under every
+``catch_up`` policy). A healthy leader ticks every half second, but an occurrence is also
+found late, through no outage, by a new leader taking over from one that died at the
+moment of firing (a follower bids for leadership every 5 s at most), by the last batch of
+a tick with many schedules due, or by a worker stalled on a slow database or a long
+garbage collection: firing those late is what the user wants, skipping them is not.
+Thirty seconds covers these several times over. An occurrence older than this was
+missed while no scheduler ran (a deploy, an outage), and its schedule's ``catch_up``
+decides what becomes of it."""
 ENUMERATION_LIMIT = 10_000
 """At most this many missed occurrences are listed one by one; beyond, they are counted
 as one jump (an ``Every(seconds=1)`` schedule after a week's outage)."""
@@ -188,7 +195,7 @@ def plan(
     *,
     catch_up: str = DEFAULT_CATCH_UP,
     cap: int = DEFAULT_CATCH_UP_CAP,
-    grace: timedelta = GRACE,
+    grace: timedelta = ON_TIME_WINDOW,
 ) -> Plan:
     """The tick's decision for a schedule waiting for ``next_at`` at time ``now``.
 
