@@ -25,9 +25,9 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -226,7 +226,8 @@ def test_operator_redrives_a_dead_task_in_the_browser(
 # What the layout rules need from one page, measured in the browser.
 MEASURE = """() => {
   const box = (el) => { const r = el.getBoundingClientRect();
-    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width, height: r.height}; };
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+            width: r.width, height: r.height}; };
   const sidebar = document.querySelector('#nav-sidebar');
   const out = {
     viewport: window.innerWidth,
@@ -238,13 +239,16 @@ MEASURE = """() => {
   };
   // What sticks out of the window, outside any box that scrolls sideways (for the message).
   const clipped = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
-    const o = getComputedStyle(p).overflowX; if (o === 'auto' || o === 'scroll' || o === 'hidden') return true; }
+    const o = getComputedStyle(p).overflowX;
+    if (o === 'auto' || o === 'scroll' || o === 'hidden') return true; }
     return false; };
   out.overflowing = [...document.body.querySelectorAll('*')]
     .filter(el => el.getBoundingClientRect().right > window.innerWidth + 1 && !clipped(el))
-    .filter(el => ![...el.children].some(c => c.getBoundingClientRect().right > window.innerWidth + 1))
+    .filter(el => ![...el.children].some(
+      c => c.getBoundingClientRect().right > window.innerWidth + 1))
     .slice(0, 4).map(el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '')
-      + (el.className && typeof el.className === 'string' ? '.' + el.className.trim().split(/\s+/).join('.') : ''));
+      + (typeof el.className === 'string' && el.className
+         ? '.' + el.className.trim().split(/\\s+/).join('.') : ''));
   const list = document.querySelector('#result_list');
   if (list) {
     const scroller = list.closest('.results') || list.parentElement;
@@ -254,7 +258,8 @@ MEASURE = """() => {
         text: th.innerText.trim() || th.className, right: th.getBoundingClientRect().right})),
       rows: [...list.querySelectorAll('tbody tr')].map(tr => tr.getBoundingClientRect().height),
       paths: [...list.querySelectorAll('.dtp-path')].map(el => ({
-        text: el.innerText, lines: new Set([...el.getClientRects()].map(r => Math.round(r.top))).size})),
+        text: el.innerText,
+        lines: new Set([...el.getClientRects()].map(r => Math.round(r.top))).size})),
     };
   }
   out.chartText = [...document.querySelectorAll('svg.dtp-chart text')].map(t => {
@@ -371,9 +376,9 @@ def seed_every_state(run_worker: Any) -> dict[str, Any]:
     of its ordering key, retrying, scheduled, held by a breaker, running), a long task
     path and a long error, a live and a stale worker, an open circuit and two schedules;
     the ids of the pages that show them."""
-    from django_tasks_plus.schedules import Every, api
     from django_tasks_plus.breaker import scoped_key
     from django_tasks_plus.models import BreakerRecord, ScheduleRecord, WorkerRecord
+    from django_tasks_plus.schedules import Every, api
 
     now = timezone.now()
     seed_history(now)
@@ -389,7 +394,7 @@ def seed_every_state(run_worker: Any) -> dict[str, Any]:
     assert TaskRecord.objects.get(pk=blocker.id).ordering_blocked
     TaskRecord.objects.filter(pk=dead.id).update(task_path=LONG_PATH)
     later = now + timedelta(minutes=30)
-    scheduled = tasks.add.using(run_after=later).enqueue(1, 1)
+    tasks.add.using(run_after=later).enqueue(1, 1)  # scheduled
     retrying = tasks.add.using(run_after=now + timedelta(seconds=40)).enqueue(2, 2)
     TaskRecord.objects.filter(pk=retrying.id).update(attempt=2, task_path=LONG_PATH)
     circuits.force_open("api.example.com", name="http")
@@ -469,12 +474,17 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
                     problems += [
                         f"{size} px {scheme} {path}: {problem}"
                         for problem in layout_problems(
-                            found, wide=viewport is WIDE, scheme=scheme, row_max=row_max, crumb=crumb
+                            found,
+                            wide=viewport is WIDE,
+                            scheme=scheme,
+                            row_max=row_max,
+                            crumb=crumb,
                         )
                     ]
                     if os.environ.get("DTP_LAYOUT_SHOTS"):
                         name = path.strip("/").replace("/", "_").replace("?", "_")
-                        page.screenshot(path=shots / f"layout-{size}-{scheme}-{name}.png", full_page=True)
+                        shot = shots / f"layout-{size}-{scheme}-{name}.png"
+                        page.screenshot(path=shot, full_page=True)
             finally:
                 page.context.close()
     assert not problems, "\n".join(problems)
