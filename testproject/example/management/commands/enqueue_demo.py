@@ -7,11 +7,13 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
+from django_tasks_plus.schedules import Every, ScheduleNotFound, api
 from example.tasks import (
     add,
     deliver_webhook,
     flaky,
     import_feed,
+    send_digest,
     send_receipt,
     slow,
     sync_account,
@@ -24,7 +26,8 @@ class Command(BaseCommand):
     help = (
         "Enqueue demo tasks: some `add`, some `flaky` (fail twice, then succeed), some `slow`. "
         "With --trickle, keep enqueueing a mix (retries, dead letters, a circuit breaker, a "
-        "blocked ordering key, scheduled tasks) until stopped."
+        "blocked ordering key, scheduled tasks, a schedule every 30 s) until stopped; the "
+        "first round has one of each, so every state shows within a minute."
     )
 
     def add_arguments(self, parser):
@@ -69,16 +72,26 @@ class Command(BaseCommand):
             signal.signal(sig, lambda *_: stop.set())
         self.stdout.write(f"Enqueueing a few demo tasks every {every:g} s until stopped.")
         self.stdout.flush()
+        self._schedule()
         for step in range(1, 6):  # acme's step 3 dies and blocks steps 4 and 5
-            sync_account.enqueue("acme", step)
+            sync_account.using(ordering_key="account:acme").enqueue("acme", step)
         total, tick = 5, 0
         while not stop.wait(every):
             tick += 1
             total += self._tick(tick)
         self.stdout.write(f"Stopped the demo trickle after enqueueing {total} tasks.")
 
+    def _schedule(self) -> None:
+        """A schedule stored in the demo's database only (never in code: the test-suite's
+        workers import example.tasks and must not fire it)."""
+        try:
+            api.get("demo-digest")  # made by an earlier run of the demo
+        except ScheduleNotFound:
+            api.create("demo-digest", send_digest, Every(seconds=30))
+
     def _tick(self, tick: int) -> int:
-        """One round of the trickle; how many tasks it enqueued."""
+        """One round of the trickle; how many tasks it enqueued. The first round (tick 1)
+        enqueues one of each kind, so every state appears within a minute."""
         count = 0
         for n in range(3):
             add.enqueue(tick, n)
@@ -90,13 +103,14 @@ class Command(BaseCommand):
             flaky.enqueue(2)
             slow.enqueue(3.0)
             count += 2
-        if tick % 10 == 0:
+        if tick % 10 == 1:
             later = timezone.now() + timedelta(minutes=2)
             add.using(run_after=later).enqueue(tick, 0)  # shows as scheduled
             for step in range(1, 4):
-                sync_account.enqueue(f"globex-{tick}", step)
+                account = f"globex-{tick}"
+                sync_account.using(ordering_key=f"account:{account}").enqueue(account, step)
             count += 4
-        if tick % 15 == 0:
+        if tick % 15 == 1:
             import_feed.enqueue(f"https://feeds.example.org/{tick}.xml")
             count += 1
         return count
