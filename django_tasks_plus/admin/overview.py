@@ -272,7 +272,8 @@ def _latency_chart(kind: str, found: metrics.Histogram) -> dict[str, Any]:
             description=description,
             labels=labels,
             series=[charts.Series(_("attempts"), list(found.buckets), "primary")],
-            unit=_("attempts ≤ bound"),
+            # Each bar counts its own bucket (above the bound before it, up to its own).
+            unit=_("attempts per bucket, by upper bound"),
         ),
     )
 
