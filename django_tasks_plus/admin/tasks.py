@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet, TextField
+from django.db.models import Case, QuerySet, TextField, When
 from django.db.models.functions import Cast
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -24,11 +24,14 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
+from .. import compat
 from ..breaker import split_scoped_key
 from ..compat import TaskResultStatus
+from ..db.waiting import blocker_id
 from ..models import BreakerRecord, TaskRecord
 from ..selection import BadFilter, check_parameters, id_prefix, with_id_prefix
 from ..stored import error_list
+from ..waiting import Waiting, max_attempts_of, waiting_reason
 from . import actions as ops
 from . import display, html, overview
 from .base import ReadOnlyAdmin
@@ -42,6 +45,7 @@ from .filters import (
     OrderingKeyFilter,
     QueueFilter,
     TaskPathFilter,
+    WaitingFilter,
     WorkerFilter,
     task_list_parameters,
 )
@@ -64,6 +68,47 @@ def _errors(record: TaskRecord) -> tuple[Any, ...]:
         cached = error_list(raw) if raw is not None else ()
         record._dtp_errors = cached  # type: ignore[attr-defined]
     return cached
+
+
+def max_attempts(record: TaskRecord) -> int | None:
+    """The retry budget of the task's policy (its own, else the backend's), when the
+    policy states one and the task can be resolved here; None otherwise."""
+    from ..backend import DatabaseBackend
+    from ..definition import resolve_task
+
+    try:
+        backend = compat.task_backends[record.backend_name]
+        task = resolve_task(record.task_path)
+    except Exception:  # a backend no longer configured, a task no longer defined
+        return None
+    if not isinstance(backend, DatabaseBackend):
+        return None
+    return max_attempts_of(backend.retry_policy_for(task))
+
+
+def waiting_of(record: TaskRecord, now: datetime) -> Waiting | None:
+    """Why the READY ``record`` waits; its blocker comes from the list's annotation,
+    else one query (the task's page)."""
+    if record.status != TaskResultStatus.READY:
+        return None
+    if hasattr(record, "blocker"):
+        blocker = record.blocker
+    else:
+        blocker = None
+        if record.ordering_key is not None and record.run_after <= now:
+            found = blocker_of(record)
+            blocker = found.pk if found is not None else None
+    budget = max_attempts(record) if record.attempt else None
+    return waiting_reason(
+        status=record.status,
+        run_after=record.run_after,
+        attempt=record.attempt,
+        held_since=record.held_since,
+        breaker_key=record.breaker_key,
+        blocker_id=str(blocker) if blocker is not None else None,
+        now=now,
+        max_attempts=budget,
+    )
 
 
 def _is_dead_view(request: HttpRequest) -> bool:
@@ -98,6 +143,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     list_display_links = ("short_id",)
     list_filter = (
         "status",
+        WaitingFilter,
         QueueFilter,
         TaskPathFilter,
         OrderingKeyFilter,
@@ -130,6 +176,17 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if listing or _is_dead_view(request):
             queryset = queryset.defer(*_JSON_COLUMNS).annotate(
                 errors_text=Cast("errors", TextField())
+            )
+        if listing and not _is_dead_view(request):
+            # What a due READY task waits behind in its ordering key: one probe of the
+            # ordering index per row shown, none for other rows.
+            queryset = queryset.annotate(
+                blocker=Case(
+                    When(
+                        status=TaskResultStatus.READY, ordering_key__isnull=False, then=blocker_id()
+                    ),
+                    default=None,
+                )
             )
         if _is_dead_view(request):
             queryset = queryset.filter(status=TaskResultStatus.FAILED)
@@ -226,16 +283,21 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("attempts"), ordering="attempt")
     def attempts(self, record: TaskRecord) -> Any:
-        """This run's attempts, and the total across redrives when they differ."""
+        """This run's attempts against the task's retry budget ("3 / 5"), and the total
+        across redrives when it differs."""
         total = display.total_attempts(record.status, record.attempt, _errors(record))
-        if total == record.attempt:
-            return str(record.attempt)
-        return format_html(
-            '<span title="{}">{} / {}</span>',
-            _("this run / in total (redriven)"),
-            record.attempt,
-            total,
-        )
+        budget = max_attempts(record)
+        shown = f"{record.attempt} / {budget}" if budget else str(record.attempt)
+        title = _("attempts / most attempts") if budget else _("attempts")
+        if total != record.attempt:
+            return format_html(
+                '<span title="{}">{}</span> <span class="dtp-note">({} {})</span>',
+                _("this run; the total counts every run (redriven)"),
+                shown,
+                total,
+                _("in total"),
+            )
+        return format_html('<span title="{}">{}</span>', title, shown)
 
     @admin.display(description=_("enqueued"), ordering="enqueued_at")
     def enqueued(self, record: TaskRecord) -> Any:
@@ -267,6 +329,9 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     @staticmethod
     def _note(record: TaskRecord, now: datetime) -> str:
+        waiting = waiting_of(record, now)
+        if waiting is not None:
+            return waiting.describe(now)
         return display.waiting_note(
             record.status,
             attempt=record.attempt,
