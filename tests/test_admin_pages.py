@@ -425,6 +425,10 @@ def test_breakers_page_shows_state_held_tasks_and_corrupt_rows(admin_client):
     assert "breaker_key=http%2Fapi.example.com" in page  # the held tasks, linked
     detail = admin_client.get(url("breakerrecord_change", row.pk)).content.decode()
     assert "dtp-badge-open" in detail
+    # When the open circuit lets a task probe: a recovery delay after it opened.
+    status = next(s for s in circuits.breaker_states() if s.key == row.key)
+    assert status.probe_at is not None and status.probe_at > row.opened_at
+    assert "next probe" in detail and status.probe_at.isoformat() in detail
     held = TaskRecord.objects.get()
     task_page = admin_client.get(url("taskrecord_change", held.pk)).content.decode()
     assert "held by breaker" in task_page and url("breakerrecord_change", row.pk) in task_page
