@@ -37,6 +37,8 @@ ACTION_PERMS = (
     "redrive_taskrecord",
     "cancel_taskrecord",
     "discard_taskrecord",
+    "run_now_taskrecord",
+    "delete_taskrecord",
     "change_breakerrecord",
 )
 TASKS = "admin:django_tasks_plus_taskrecord_"

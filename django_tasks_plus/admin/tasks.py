@@ -56,6 +56,24 @@ _JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids", "meta
 DEAD_LETTERS = "django_tasks_plus_taskrecord_deadletters"
 CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
 BAD_FILTER_TEMPLATE = "admin/django_tasks_plus/taskrecord/bad_filter.html"
+MATCHING = "django_tasks_plus_taskrecord_matching"
+LIST_MATCHING = "django_tasks_plus_taskrecord_list_matching"
+HELD_WARNING = _(
+    "A circuit breaker holds this task: run now makes it due, but while its circuit is "
+    "open the worker's breaker holds it again at its claim. Close the circuit first to "
+    "make it run."
+)
+# "All matching" on each list: what it may do to every task its filter matches.
+DEAD_MATCHING = (
+    (ops.REDRIVE, _("Redrive all matching…")),
+    (ops.DISCARD, _("Release keys of all matching…")),
+    (ops.DELETE, _("Delete all matching…")),
+)
+TASK_MATCHING = (
+    (ops.RUN_NOW, _("Run all matching now…")),
+    (ops.CANCEL, _("Cancel all matching…")),
+    (ops.DELETE, _("Delete all matching…")),
+)
 
 
 def _errors(record: TaskRecord) -> tuple[Any, ...]:
@@ -160,7 +178,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     list_per_page = 50
     paginator = EstimatedCountPaginator
     show_full_result_count = False  # COUNT(*) over a large queue is slow
-    actions = ("redrive_tasks", "cancel_tasks", "discard_tasks")
+    actions = ("redrive_tasks", "cancel_tasks", "discard_tasks", "run_now_tasks", "delete_tasks")
 
     # -- the lists ------------------------------------------------------------------------
 
@@ -249,6 +267,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         context = {
             "dead_letters_url": reverse("admin:" + DEAD_LETTERS),
             "dead_letters": _is_dead_view(request),
+            "matching_links": self._matching_links(request, LIST_MATCHING, TASK_MATCHING),
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
@@ -537,9 +556,20 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                     record.status in (TaskResultStatus.READY, TaskResultStatus.RUNNING),
                 ),
                 (ops.DISCARD, _("Release ordering key"), record.ordering_blocked),
+                (
+                    ops.RUN_NOW,
+                    _("Run now"),
+                    record.status == TaskResultStatus.READY and record.run_after > now,
+                ),
+                (ops.DELETE, _("Delete task"), record.status != TaskResultStatus.RUNNING),
             )
             if applies and operation.allowed(request)
         ]
+        held = (
+            record.status == TaskResultStatus.READY
+            and record.held_since is not None
+            and record.run_after > now
+        )
         release = None
         if blocker is not None and blocker.ordering_blocked and ops.DISCARD.allowed(request):
             release = reverse(
@@ -567,6 +597,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                 else None
             ),
             "task_buttons": buttons,
+            "run_now_warning": HELD_WARNING if held and ops.RUN_NOW.allowed(request) else None,
         }
 
     # -- actions --------------------------------------------------------------------------
@@ -579,6 +610,14 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     def has_discard_permission(self, request: HttpRequest) -> bool:
         return ops.DISCARD.allowed(request)
+
+    def has_run_now_permission(self, request: HttpRequest) -> bool:
+        return ops.RUN_NOW.allowed(request)
+
+    def has_remove_permission(self, request: HttpRequest) -> bool:
+        """Deleting rows through our action (``delete_taskrecord``); Django's own delete
+        pages stay off (``has_delete_permission``)."""
+        return ops.DELETE.allowed(request)
 
     @admin.action(description=_("Redrive selected dead-lettered tasks"), permissions=["redrive"])
     def redrive_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
@@ -595,6 +634,17 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     def discard_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
         self._apply(request, ops.DISCARD, queryset)
 
+    @admin.action(
+        description=_("Run selected waiting tasks now (retries, scheduled, held)"),
+        permissions=["run_now"],
+    )
+    def run_now_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.RUN_NOW, queryset)
+
+    @admin.action(description=_("Delete selected tasks (not running ones)"), permissions=["remove"])
+    def delete_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.DELETE, queryset)
+
     def _apply(
         self,
         request: HttpRequest,
@@ -608,6 +658,16 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         self.message_user(
             request, operation.summary(outcome.done, outcome.skipped), messages.SUCCESS
         )
+        if outcome.held:
+            self.message_user(
+                request,
+                _(
+                    "%(count)d of them were held by a circuit breaker: while its circuit "
+                    "is open, the breaker holds them again when a worker claims them."
+                )
+                % {"count": outcome.held},
+                messages.WARNING,
+            )
 
     # -- extra pages ----------------------------------------------------------------------
 
@@ -620,7 +680,12 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             path(
                 "dead-letters/<str:operation>-matching/",
                 wrap(self.matching_view),
-                name="django_tasks_plus_taskrecord_matching",
+                name=MATCHING,
+            ),
+            path(
+                "matching/<str:operation>/",
+                wrap(self.list_matching_view),
+                name=LIST_MATCHING,
             ),
             path(
                 "<path:object_id>/act/<str:operation>/",
@@ -637,37 +702,48 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         """The FAILED tasks, newest first, with reason and last error; the list's own
         filters, search and actions, plus "all matching" redrive and release."""
         request._dtp_dead_letters = True  # type: ignore[attr-defined]
-        query = request.GET.urlencode()
         context = {
             "title": _("Dead letters"),
             "subtitle": None,
-            "matching_links": [
-                {
-                    "label": label,
-                    "url": reverse(
-                        "admin:django_tasks_plus_taskrecord_matching", args=[operation.name]
-                    )
-                    + (f"?{query}" if query else ""),
-                }
-                for operation, label in (
-                    (ops.REDRIVE, _("Redrive all matching…")),
-                    (ops.DISCARD, _("Release keys of all matching…")),
-                )
-                if operation.allowed(request)
-            ],
+            "matching_links": self._matching_links(request, MATCHING, DEAD_MATCHING),
         }
         return self.changelist_view(request, context)
 
-    def matching_view(self, request: HttpRequest, operation: str) -> HttpResponse:
-        """Redrive (or release) every dead task the dead-letter page's current filter
-        matches: GET asks, showing how many; POST (with the CSRF token) does it."""
+    @staticmethod
+    def _matching_links(
+        request: HttpRequest, url_name: str, offered: tuple[tuple[ops.Operation, Any], ...]
+    ) -> list[dict[str, str]]:
+        """The "… all matching" links the user may follow, carrying the list's query."""
+        query = request.GET.urlencode()
+        return [
+            {
+                "label": str(label),
+                "url": reverse(f"admin:{url_name}", args=[operation.name])
+                + (f"?{query}" if query else ""),
+            }
+            for operation, label in offered
+            if operation.allowed(request)
+        ]
+
+    def list_matching_view(self, request: HttpRequest, operation: str) -> HttpResponse:
+        """Run now, cancel or delete every task the task list's current filter matches:
+        GET asks, showing how many; POST (with the CSRF token) does it."""
+        return self.matching_view(request, operation, dead_letters=False)
+
+    def matching_view(
+        self, request: HttpRequest, operation: str, *, dead_letters: bool = True
+    ) -> HttpResponse:
+        """Redrive, release or delete every dead task the dead-letter page's current
+        filter matches (or, from the task list, run now, cancel or delete every task its
+        filter matches): GET asks, showing how many; POST (with the CSRF token) does it."""
+        offered = DEAD_MATCHING if dead_letters else TASK_MATCHING
         chosen = ops.BY_NAME.get(operation)
-        if chosen is None or chosen is ops.CANCEL:
+        if chosen is None or chosen not in [op for op, _label in offered]:
             raise Http404(f"No such bulk action: {operation!r}.")
         if not (self.has_view_permission(request) and chosen.allowed(request)):
             raise PermissionDenied
-        request._dtp_dead_letters = True  # type: ignore[attr-defined]
-        back = reverse("admin:" + DEAD_LETTERS)
+        request._dtp_dead_letters = dead_letters  # type: ignore[attr-defined]
+        back = reverse("admin:" + DEAD_LETTERS) if dead_letters else reverse(CHANGELIST)
         problems = self.filter_problems(request)
         if problems:  # GET and POST alike: nothing is acted on
             return self.bad_filter_response(request, problems, back)
@@ -675,16 +751,21 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             changelist = self.get_changelist_instance(request)
         except admin.options.IncorrectLookupParameters as exc:
             return self.bad_filter_response(request, [BadFilter(str(exc))], back)
-        matching = changelist.get_queryset(request)
+        matching = changelist.get_queryset(request).filter(status__in=chosen.statuses)
+        held = 0
         if chosen is ops.DISCARD:
             matching = matching.filter(ordering_blocked=True)
+        if chosen is ops.RUN_NOW:
+            matching = matching.filter(run_after__gt=timezone.now())
+            held = matching.filter(held_since__isnull=False).count()
         described = describe_filter(dict(request.GET.lists()))
         if changelist.query:
             described = f"search {changelist.query!r}, {described}"
         back += f"?{request.GET.urlencode()}" if request.GET else ""
         if request.method == "POST":
             count = matching.count()
-            note = f": all {count} dead task(s) matching {described}"
+            kind = "dead task(s)" if dead_letters else "task(s)"
+            note = f": all {count} {kind} matching {described}"
             self._apply(request, chosen, matching, note=note)
             return HttpResponseRedirect(back)
         context = {
@@ -695,6 +776,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             "count": matching.count(),
             "described": described,
             "back_url": back,
+            "dead_letters": dead_letters,
+            "held": held,
             "media": self.media,
         }
         return TemplateResponse(
@@ -712,6 +795,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if not (self.has_view_permission(request, record) and chosen.allowed(request)):
             raise PermissionDenied
         self._apply(request, chosen, TaskRecord.objects.filter(pk=record.pk))
+        if chosen is ops.DELETE and not TaskRecord.objects.filter(pk=record.pk).exists():
+            return HttpResponseRedirect(reverse(CHANGELIST))
         return HttpResponseRedirect(
             reverse("admin:django_tasks_plus_taskrecord_change", args=[record.pk])
         )
