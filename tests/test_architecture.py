@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
             "metadata",
             "liveness",
+            "waiting",
             "extensions",
             "schedules.timing",
             "schedules.errors",
