@@ -4,13 +4,13 @@ a live server and a real ``runtasks`` worker.
 Two walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
 just present in the markup), opens a dead task, redrives it and watches it succeed, and
 opens the workers, breakers and schedules pages (the schedules list at 1280 and 390 px,
-light and dark, with name, next and last run on screen). Then every admin page of the app, with a task in
-each state the docs describe, is opened at 1280 px with Django's sidebar open and at
-390 px (a phone), in the light and the dark scheme, and held to layout rules: no page
-wider than the screen, no list column cut off by the list's scrolling box, rows a few
-lines tall with task paths on one line, chart text of at least 10 px, breadcrumbs on
-their bar and object tools that do not overlap. One test walks them all (one login, one
-seeded database) so the matrix costs seconds, not a test per page.
+light and dark, with name, next and last run on screen). Then every admin page of the
+app, with a task in each state the docs describe, is opened at 1280 px with Django's
+sidebar open and at 390 px (a phone), in the light and the dark scheme, and held to
+layout rules: no page wider than the screen, no list column cut off by the list's
+scrolling box, rows a few lines tall with task paths on one line, chart text of at least
+10 px, breadcrumbs on their bar and object tools that do not overlap. One test walks them
+all (one login, one seeded database) so the matrix costs seconds, not a test per page.
 
 Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir);
 ``DTP_SCREENSHOTS=docs/images`` regenerates the ones in the docs (light mode;
