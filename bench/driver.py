@@ -346,8 +346,11 @@ def main() -> None:
         "--history-age-days", type=float, default=1.0, help="how long ago the history ran"
     )
     parser.add_argument(
-        "--retention", choices=("on", "off"), default="on", help="the leader's pruner deletes"
-        " finished tasks past OPTIONS['RETENTION'] (on) or keeps them (off)"
+        "--retention",
+        choices=("on", "off"),
+        default="on",
+        help="the leader's pruner deletes"
+        " finished tasks past OPTIONS['RETENTION'] (on) or keeps them (off)",
     )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int)

@@ -8,7 +8,8 @@
     python bench/run.py --peers           # also procrastinate and django-tasks-db (peers.py)
 
 Workloads: W1 enqueue (single and bulk), W2 drain, W3 latency, W4 drain over a large
-finished history, W5 drain while the leader prunes expired rows (against pruner off). The machine is shared and drifts, so each W1/W2 run is paired with a
+finished history, W5 drain while the leader prunes expired rows (against pruner off).
+The machine is shared and drifts, so each W1/W2 run is paired with a
 bare-psycopg baseline measured right before it (bench/baseline.py) and figures are also
 given as ratios to those. Every django-tasks-plus measurement runs in a fresh process
 (bench/driver.py); the worker is the real ``manage.py runtasks``.
