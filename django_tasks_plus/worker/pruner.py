@@ -154,7 +154,9 @@ class Pruner(LoopService):
             outcome = self._drain(sweep, deadline)
             if outcome == "lost connection":
                 return
-            finished = finished and outcome == "done"
+            # A sweep that failed for its own reasons is tried again next interval, not
+            # every round (its error would fill the log).
+            finished = finished and outcome in ("done", "failed")
             if self.stopping.is_set():
                 return
         if finished:
