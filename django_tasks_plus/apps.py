@@ -89,14 +89,14 @@ class TasksPlusConfig(AppConfig):
         from .circuits import breaker_middleware_for
         from .metrics import install
         from .schedules.feature import install as install_schedules
-        from .worker.heartbeat import worker_pruner_factory
         from .worker.metrics_flusher import metrics_service_factory
+        from .worker.pruner import pruner_factory
 
         # The app is the composition root: its own features plug into the engine here,
         # as built-in entries of the registries (extensions.reset() keeps them).
         extensions.task_middleware.register(breaker_middleware_for, builtin=True)
         extensions.service_factories.register(metrics_service_factory, builtin=True)
-        extensions.service_factories.register(worker_pruner_factory, builtin=True)
+        extensions.service_factories.register(pruner_factory, builtin=True)
         register_checks()
         install_schedules()  # before install(): its counters are counted too
         # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).

@@ -139,6 +139,13 @@ class TaskRecord(models.Model):
                 condition=Q(ordering_key__isnull=False),
                 name="dtp_task_ordering_idx",
             ),
+            # The pruner deletes finished tasks of one status, oldest first, a batch at a
+            # time (worker/pruner.py), without walking the unfinished ones.
+            models.Index(
+                fields=["backend_name", "status", "finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="dtp_task_finished_idx",
+            ),
             # A circuit breaker holds or releases the waiting tasks of one key at once.
             models.Index(
                 fields=["backend_name", "breaker_key"],

@@ -289,6 +289,8 @@ FEATURES = (
     "db.breakers",
     "db.metrics",
     "worker.metrics_flusher",
+    "worker.pruner",
+    "db.retention",
     "schedules",
     "worker.scheduler",
 )

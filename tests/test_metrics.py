@@ -25,7 +25,8 @@ from django_tasks_plus.metrics.queries import Histogram
 from django_tasks_plus.models import MetricRecord, TaskRecord, WorkerRecord
 from django_tasks_plus.worker.config import WorkerConfig
 from django_tasks_plus.worker.engine import Worker
-from django_tasks_plus.worker.metrics_flusher import MetricsFlusher, MetricsPruner
+from django_tasks_plus.worker.metrics_flusher import MetricsFlusher
+from django_tasks_plus.worker.pruner import Pruner
 from tests import tasks
 
 ADD = "tests.tasks.add"
@@ -160,7 +161,7 @@ def test_flushes_add_up_in_one_upsert_and_pruning_keeps_the_totals():
 
     recent = timezone.now().replace(second=0, microsecond=0)
     add_metrics("default", [("default", recent, "default", ADD, "succeeded", 1)])
-    pruner = MetricsPruner(task_backends["default"].settings, clock=timezone.now, bound_seconds=30)
+    pruner = Pruner(task_backends["default"].settings, clock=timezone.now, bound_seconds=30)
     assert pruner.singleton is True
     pruner.tick()  # the 2023 minute is past the 7-day retention
     assert _stored(minute=ALL_TIME) == {"enqueued": 5}
@@ -215,7 +216,7 @@ def test_disabled_metrics_unsubscribe_and_build_no_services():
     services = worker.services.services
     assert isinstance(services[0], MetricsFlusher)  # first: it stops last
     assert services[0].singleton is False
-    assert any(isinstance(s, MetricsPruner) and s.singleton for s in services)
+    assert any(isinstance(s, Pruner) and s.singleton for s in services)
 
 
 # -- the query API --------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from django_tasks_plus.db.metrics import add_metrics
 from django_tasks_plus.metrics.aggregate import aggregator
 from django_tasks_plus.metrics.catalog import ALL_TIME
 from django_tasks_plus.models import MetricFlush, MetricRecord
-from django_tasks_plus.worker.metrics_flusher import MetricsFlusher, MetricsPruner
+from django_tasks_plus.worker.metrics_flusher import MetricsFlusher
+from django_tasks_plus.worker.pruner import Pruner
 from tests.conftest import MANAGE, wait_for, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -189,7 +190,7 @@ def test_flush_keys_are_pruned_with_the_metrics_retention():
     )
     _dead_letters(_first_minute(), 1)
     metrics.flush()
-    pruner = MetricsPruner(task_backends["default"].settings, clock=timezone.now, bound_seconds=30)
+    pruner = Pruner(task_backends["default"].settings, clock=timezone.now, bound_seconds=30)
     pruner.tick()
     kept = set(MetricFlush.objects.values_list("id", flat=True))
     assert old.id not in kept

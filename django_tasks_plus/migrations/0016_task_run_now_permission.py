@@ -5,7 +5,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_tasks_plus", "0014_claim_index"),
+        ("django_tasks_plus", "0015_task_finished_index"),
     ]
 
     operations = [
