@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ..db import worker_connection
 from ..db.store import heartbeat_worker, prune_workers, renew_leases
@@ -89,7 +89,6 @@ class Heartbeat(LoopService):
             reap_expired(self.backend, self.clock)
         except DatabaseError as exc:
             logger.warning("Heartbeat failed (%s); will retry", exc)
-            connections[self.database].close()
         except Exception:
             logger.exception("Heartbeat failed unexpectedly; will retry")
 
@@ -119,7 +118,6 @@ class WorkerPruner(LoopService):
             forgotten = prune_workers(self.database, self.clock())
         except DatabaseError as exc:
             logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
-            connections[self.database].close()
             return
         if forgotten:
             logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))

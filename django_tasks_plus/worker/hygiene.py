@@ -45,7 +45,9 @@ from ..exceptions import UnsupportedDatabase
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
-def _driver_state(connection: BaseDatabaseWrapper) -> DriverState | None:
+def driver_state(connection: BaseDatabaseWrapper) -> DriverState | None:
+    """What the driver says of the connection (no query); None when not connected or
+    the database is not one the worker runs on."""
     if connection.connection is None:
         return None
     try:
@@ -103,7 +105,7 @@ def clean_up_after_attempt(*, interrupted: bool = False) -> list[str]:
     """
     leaked: list[str] = []
     for connection in connections.all(initialized_only=True):
-        state = _driver_state(connection)
+        state = driver_state(connection)
         if leaked_transaction(connection, state):
             leaked.append(connection.alias)
             discard(connection)
@@ -133,14 +135,16 @@ def replace_lost_connections() -> None:
         raw = connection.connection
         if raw is None or connection.in_atomic_block:
             continue
-        if connection.errors_occurred or _hung_up(connection, raw):
+        if connection.errors_occurred or hung_up(connection, raw):
             if not connection.is_usable():
                 logger.info("Database %r connection went away; reconnecting.", connection.alias)
                 discard(connection)
             connection.errors_occurred = False
 
 
-def _hung_up(connection: BaseDatabaseWrapper, raw: object) -> bool:
+def hung_up(connection: BaseDatabaseWrapper, raw: object) -> bool:
+    """Whether the server seems to have hung up on ``raw`` (no round trip; a hint that
+    ``is_usable()`` then confirms)."""
     try:
         return dialect_for(connection).hung_up(raw)
     except UnsupportedDatabase:
