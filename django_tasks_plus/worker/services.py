@@ -129,6 +129,10 @@ class LoopService(ThreadService):
     interval: float = 1.0
     first_round_at_start: bool = False
     """True: the first round runs as soon as the service starts, not one interval later."""
+    tick_in_one_turn: bool = True
+    """True: each ``tick()`` runs in one turn on the session. False: the tick takes its
+    own turns (``with self.turn():``), e.g. one per batch of a long clean-up, so the
+    other services (the heartbeat among them) get the session in between."""
 
     def serve(self) -> None:
         if self.first_round_at_start:
@@ -138,7 +142,10 @@ class LoopService(ThreadService):
 
     def _round(self) -> None:
         try:
-            with self.turn():
+            if self.tick_in_one_turn:
+                with self.turn():
+                    self.tick()
+            else:
                 self.tick()
         except BaseException:
             logger.exception("%s: a round failed unexpectedly; will retry", self.name)

@@ -33,6 +33,9 @@ from .hygiene import discard, driver_state, hung_up, leaked_transaction, out_of_
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
+CLOSE_WAIT = 5.0
+"""How long closing a session at shutdown waits for a turn still under way."""
+
 
 class SharedSession:
     """One database session taken in turns by several of a worker's threads."""
@@ -71,14 +74,22 @@ class SharedSession:
                 connections[self.database] = previous
                 _tidy_after_turn(wrapper, self.name)
 
-    def close(self) -> None:
-        """Close the session (at worker shutdown). A later turn opens a new one."""
-        with self._lock:
+    def close(self, timeout: float = CLOSE_WAIT) -> None:
+        """Close the session (at worker shutdown). A later turn opens a new one.
+
+        Waits up to ``timeout`` seconds for a turn still under way (a service that did
+        not stop in time); then leaves the session to end with the process."""
+        if not self._lock.acquire(timeout=timeout):
+            logger.warning("The %s session is still in use; leaving it open.", self.name)
+            return
+        try:
             wrapper, self._wrapper = self._wrapper, None
             if wrapper is not None:
                 with contextlib.suppress(Exception):
                     wrapper.close()
                 wrapper.dec_thread_sharing()
+        finally:
+            self._lock.release()
 
     def _wrapper_for_turn(self) -> BaseDatabaseWrapper:
         if self._wrapper is None:
