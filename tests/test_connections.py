@@ -74,8 +74,8 @@ def _heartbeat_at(worker_id: str):  # type: ignore[no-untyped-def]
 def test_task_sessions_never_carry_the_worker_s_timeouts_behind_a_pool(
     start_worker, markers, monkeypatch
 ):
-    """The heartbeat's statements fail on a locked row (its lock timeout), so it closes
-    its session; meanwhile a task keeps taking sessions from the pool. With the worker's
+    """The heartbeat's statements fail on a locked row (its lock timeout); meanwhile a
+    task keeps taking sessions from the pool. With the worker's
     bounds on pooled sessions, the task got the heartbeat's session, timeouts and all
     (and a 4 s query of a task failed on the worker's 3 s statement timeout)."""
     monkeypatch.setenv("DTP_DB_POOL", "true")
@@ -89,6 +89,10 @@ def test_task_sessions_never_carry_the_worker_s_timeouts_behind_a_pool(
         wait_for(lambda: "Heartbeat failed" in worker_log(markers))
     beaten_before = _heartbeat_at("pooled")
     wait_for(lambda: _heartbeat_at("pooled") > beaten_before)  # a session taken again
+    # The failed statements cost no session: the leader's lock, on the session the
+    # heartbeat shares, was kept throughout.
+    assert "is now the leader" in worker_log(markers)
+    assert "is no longer the leader" not in worker_log(markers)
     (markers / "stop").touch()
 
     wait_for(lambda: _finished(cycling))
