@@ -6,8 +6,11 @@ NOTIFY on, no connection pool) against one fresh database and counts its session
 ``pg_stat_activity`` (this script's own excluded):
 
     idle      every worker registered, a leader elected, every service run once
-    busy      the peak while the fleet drains tasks that each run one short query
-    after     once drained: task threads that queried keep their sessions
+    busy      the peak while the fleet drains tasks (``--task``: ``stamp`` does not
+              query; ``queries`` runs one short query per task, so every task thread
+              that ran one holds a session: needs ``max_connections`` of at least
+              processes x (3 + concurrency), or it starves every other client)
+    after     once drained
 
     python bench/fleet_sessions.py                          # this checkout's code
     python bench/fleet_sessions.py --repo /path/to/other    # another checkout's code
@@ -63,18 +66,20 @@ def settled(conn, seconds: float) -> int:  # type: ignore[no-untyped-def]
     return last
 
 
-def enqueue_queries(conn, count: int, seconds: float) -> None:  # type: ignore[no-untyped-def]
+def enqueue(conn, task: str, count: int) -> None:  # type: ignore[no-untyped-def]
+    """``count`` READY tasks in one INSERT, then a wake-up for the listeners."""
+    argument = "jsonb_build_array(0.2)" if task == "queries" else "jsonb_build_array(0)"
     conn.execute(
         f"""
         INSERT INTO {TASKS} (id, task_path, backend_name, queue_name, priority, args,
             kwargs, status, run_after, attempt, worker_ids, enqueued_at, errors,
             dead_letter_reason, ordering_blocked, cancel_requested, metadata)
-        SELECT gen_random_uuid(), 'benchtasks.queries', 'default', 'default', 0,
-            jsonb_build_array(%s::float), '{{}}', 'READY', now(), 0, '[]', now(), '[]', '',
+        SELECT gen_random_uuid(), %s, 'default', 'default', 0,
+            {argument}, '{{}}', 'READY', now(), 0, '[]', now(), '[]', '',
             false, false, '{{}}'
         FROM generate_series(1, %s)
         """,
-        [seconds, count],
+        [f"benchtasks.{task}", count],
     )
     conn.execute("NOTIFY django_tasks_plus, 'default'")
 
@@ -95,7 +100,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         )
         for n in range(args.processes)
     ]
-    figures: dict[str, object] = {"processes": args.processes, "concurrency": args.concurrency}
+    figures: dict[str, object] = {
+        "processes": args.processes,
+        "concurrency": args.concurrency,
+        "task": args.task,
+    }
     try:
         with psycopg.connect(f"{PG_SERVER}/{args.database}", autocommit=True) as conn:
             registered = "SELECT count(*) FROM django_tasks_plus_workerrecord"
@@ -103,15 +112,19 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             # Every periodic service has run (the metrics flusher's interval is 10 s).
             time.sleep(12)
             figures["idle"] = settled(conn, 5)
-            enqueue_queries(conn, args.processes * args.concurrency * 4, 0.2)
+            total = args.processes * args.concurrency * (4 if args.task == "queries" else 200)
+            enqueue(conn, args.task, total)
             peak = 0
             done = f"SELECT count(*) FROM {TASKS} WHERE status = 'SUCCESSFUL'"
-            total = args.processes * args.concurrency * 4
             deadline = time.monotonic() + 600
             while conn.execute(done).fetchone()[0] < total and time.monotonic() < deadline:
                 peak = max(peak, sessions(conn))
+                if peak > args.max_sessions:  # leave the server's other clients room
+                    figures["aborted"] = f"more than {args.max_sessions} sessions"
+                    break
                 time.sleep(0.05)
             figures["busy_peak"] = peak
+            figures["finished"] = conn.execute(done).fetchone()[0]
             figures["after"] = settled(conn, 3)
     finally:
         for worker in workers:
@@ -125,11 +138,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the fleet on the way out
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", default=str(REPO), help="checkout whose code runs")
     parser.add_argument("--database", default=os.environ.get("BENCH_DATABASE", "bench_fleet"))
     parser.add_argument("--processes", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--task", choices=["stamp", "queries"], default="stamp")
+    parser.add_argument(
+        "--max-sessions", type=int, default=80, help="stop the fleet early past this many"
+    )
     print(json.dumps(run(parser.parse_args())))
     return 0
 
