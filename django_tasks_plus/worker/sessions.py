@@ -72,7 +72,11 @@ class SharedSession:
                 yield wrapper
             finally:
                 connections[self.database] = previous
-                _tidy_after_turn(wrapper, self.name)
+                try:
+                    _tidy_after_turn(wrapper, self.name)
+                except Exception:  # never hide the turn's own error behind this one
+                    logger.exception("Checking the %s session after a turn failed", self.name)
+                    discard(wrapper)
 
     def close(self, timeout: float = CLOSE_WAIT) -> None:
         """Close the session (at worker shutdown). A later turn opens a new one.
