@@ -65,7 +65,8 @@ class MetricsFlusher(LoopService):
             for service in self.after:
                 if service.is_alive():  # never started (a failed start): nothing to wait for
                     service.join(FINAL_WAIT)
-            self.tick()
+            with self.turn():
+                self.tick()
         finally:
             self.aggregator.release()
             for database in self.aggregator.databases - {self.database}:
@@ -76,7 +77,6 @@ class MetricsFlusher(LoopService):
             worker_connection(self.database, self.bound_seconds)
         except DatabaseError as exc:
             logger.warning("Metrics not flushed: no database connection (%s); will retry", exc)
-            connections[self.database].close()
             return
         self.aggregator.flush()
 
