@@ -53,12 +53,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
             "metadata",
             "liveness",
+            "waiting",
             "extensions",
             "schedules.timing",
             "schedules.errors",
         ),
     ),
-    ("foundation", ("compat", "exceptions", "timebounds")),
+    ("foundation", ("compat", "exceptions", "timebounds", "registries")),
 ]
 PURE = "pure"
 MIGRATIONS = f"{PACKAGE}.migrations"

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ..db import worker_connection
 from ..db.store import heartbeat_worker, renew_leases
@@ -88,6 +88,5 @@ class Heartbeat(LoopService):
             reap_expired(self.backend, self.clock)
         except DatabaseError as exc:
             logger.warning("Heartbeat failed (%s); will retry", exc)
-            connections[self.database].close()
         except Exception:
             logger.exception("Heartbeat failed unexpectedly; will retry")

@@ -16,7 +16,7 @@ from django.db import DatabaseError, connections
 
 from ..conf import BackendSettings
 from ..db import worker_connection
-from ..metrics.aggregate import AGGREGATOR, Aggregator
+from ..metrics import aggregate
 from .plugins import ServiceContext
 from .services import LoopService, Service
 
@@ -40,13 +40,14 @@ class MetricsFlusher(LoopService):
         interval: float,
         bound_seconds: float,
         after: Sequence[Service] = (),
-        aggregator: Aggregator = AGGREGATOR,
+        aggregator: aggregate.Aggregator | None = None,
     ) -> None:
+        """``aggregator``: the one to flush (default: the app's)."""
         super().__init__(database)
         self.interval = interval
         self.bound_seconds = bound_seconds
         self.after = tuple(after)
-        self.aggregator = aggregator
+        self.aggregator = aggregator if aggregator is not None else aggregate.aggregator()
 
     def start(self) -> None:
         self.aggregator.claim()
@@ -64,7 +65,8 @@ class MetricsFlusher(LoopService):
             for service in self.after:
                 if service.is_alive():  # never started (a failed start): nothing to wait for
                     service.join(FINAL_WAIT)
-            self.tick()
+            with self.turn():
+                self.tick()
         finally:
             self.aggregator.release()
             for database in self.aggregator.databases - {self.database}:
@@ -75,7 +77,6 @@ class MetricsFlusher(LoopService):
             worker_connection(self.database, self.bound_seconds)
         except DatabaseError as exc:
             logger.warning("Metrics not flushed: no database connection (%s); will retry", exc)
-            connections[self.database].close()
             return
         self.aggregator.flush()
 

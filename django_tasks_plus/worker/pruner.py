@@ -1,5 +1,5 @@
-"""The leader's pruner: one service, one loop and one connection, that deletes what the
-queue no longer needs.
+"""The leader's pruner: one service and one loop, taking turns on the worker's shared
+periodic session (a turn per batch), that deletes what the queue no longer needs.
 
 Every round (a third of the visibility timeout) it forgets the rows of dead workers.
 Every ``RETENTION["INTERVAL"]`` seconds, and right away when it becomes leader, it also
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ..conf import BackendSettings
 from ..db import worker_connection
@@ -109,6 +109,9 @@ class Pruner(LoopService):
     # As soon as this worker leads: a leader replaced more often than every interval (a
     # fleet redeployed every few minutes) would otherwise never prune.
     first_round_at_start = True
+    # A sweep takes one turn on the shared periodic session per batch, so the heartbeat
+    # and the other services get the session between batches.
+    tick_in_one_turn = False
 
     def __init__(
         self,
@@ -136,11 +139,13 @@ class Pruner(LoopService):
 
     def tick(self) -> None:
         try:
-            worker_connection(self.database, self.bound_seconds)
-            forgotten = prune_workers(self.database, self.clock())
+            with self.turn():
+                worker_connection(self.database, self.bound_seconds)
+                forgotten = prune_workers(self.database, self.clock())
         except DatabaseError as exc:
+            # The turn replaces a broken session; closing it here would drop the
+            # leader's lock held on the same session.
             logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
-            connections[self.database].close()
             return
         if forgotten:
             logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))
@@ -150,7 +155,7 @@ class Pruner(LoopService):
     def sweep(self, budget: float) -> None:
         """Run every sweep until done or ``budget`` seconds have passed. Unfinished
         work is taken up again next round; finished, the next sweep is an interval away.
-        A lost connection ends the round (the next one reconnects with the bounds)."""
+        A database error ends the round (the next turn replaces a broken session)."""
         deadline = time.monotonic() + budget
         finished = True
         for sweep in self.sweeps:
@@ -173,10 +178,11 @@ class Pruner(LoopService):
         while True:
             started = time.monotonic()
             try:
-                deleted = sweep.batch(now, self.batch_size)
+                with self.turn():
+                    worker_connection(self.database, self.bound_seconds)
+                    deleted = sweep.batch(now, self.batch_size)
             except DatabaseError as exc:
                 logger.warning("Pruning %s failed (%s); will retry", sweep.name, exc)
-                connections[self.database].close()
                 return "lost connection"
             except Exception:
                 logger.exception("Pruning %s failed unexpectedly; will retry", sweep.name)

@@ -163,17 +163,20 @@ TEMPLATES = [
 # Tasks
 # --------------------------------------------------------------------------------------
 
+# TASKS_METRICS=false turns the metrics off (the benchmark compares both).
+TASKS_OPTIONS: dict[str, object] = {
+    "METRICS": {"ENABLED": env.bool("TASKS_METRICS", default=True)},
+}
+# TASKS_RETENTION=false: the leader prunes no finished task (the benchmark compares both).
+if not env.bool("TASKS_RETENTION", default=True):
+    TASKS_OPTIONS["RETENTION"] = {"SUCCESSFUL": None, "FAILED": None}
 TASKS = {
     "default": {
         "BACKEND": "django_tasks_plus.backend.DatabaseBackend",
         "QUEUES": ["default", "emails", "slow", "other"],
-        # TASKS_METRICS=false turns the metrics off (the benchmark compares both).
-        "OPTIONS": {"METRICS": {"ENABLED": env.bool("TASKS_METRICS", default=True)}},
+        "OPTIONS": TASKS_OPTIONS,
     },
 }
-# TASKS_RETENTION=false: the leader prunes no finished task (the benchmark compares both).
-if not env.bool("TASKS_RETENTION", default=True):
-    TASKS["default"]["OPTIONS"]["RETENTION"] = {"SUCCESSFUL": None, "FAILED": None}
 
 # --------------------------------------------------------------------------------------
 # Internationalisation, static files
