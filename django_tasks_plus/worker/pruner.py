@@ -8,8 +8,7 @@ breaker rows, old schedule occurrences, and (with metrics on) per-minute metrics
 flush keys past ``RETENTION_DAYS``. A sweep deletes ``BATCH_SIZE`` rows per transaction
 and rests between batches three times as long as the batch took, so it never takes
 more than about a quarter of one database session's time from the workers draining
-beside it; a backlog
-left when the round's time is up is taken up again the next round.
+beside it; a backlog left when the round's time is up is taken up again the next round.
 
 A failed batch is logged and the sweep given up for the round; the others go on, and
 the service never dies of one bad row or one lost connection.
