@@ -2,11 +2,11 @@
 enqueue and again in the worker, so a stored payload that no longer fits is dead-lettered.
 
 A dataclass or TypedDict schema is *lowered* once, at definition time, into msgspec structs
-that refuse unknown fields, checked with ``msgspec.convert(strict=True)``. What msgspec
+that refuse unknown fields and checked by ``msgspec.convert(strict=True)``. What msgspec
 refuses (some unions, pydantic models, a class met again while its struct is built) becomes
-a *fallback* class whose check msgspec calls through ``_dec_hook``; an annotation nothing
-can check fails the definition. msgspec's error path is walked through the payload and the
-annotations, so messages read ``payload['user']['age'] must be int, got str ('x')``.
+a *fallback* class checked through ``_dec_hook``; an annotation nothing can check fails the
+definition. msgspec's error path is walked through the payload and the annotations, so
+messages read ``payload['user']['age'] must be int, got str ('x')``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import sys
 import threading
 import types
 import typing
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -40,12 +39,12 @@ ACCEPTED_KINDS = (
 _WRAPPERS: tuple[Any, ...] = (typing.Annotated, typing.Required, typing.NotRequired)
 _WRAPPERS += (typing.Final, getattr(typing, "ReadOnly", typing.Final))
 _UNIONS = (typing.Union, types.UnionType)
-_CONTAINERS: tuple[Any, ...] = (list, tuple, dict, deque, set, frozenset, cabc.Set)
+_CONTAINERS: tuple[Any, ...] = (list, tuple, dict, set, frozenset, cabc.Set, cabc.MutableSet)
 _CONTAINERS += (cabc.Sequence, cabc.MutableSequence, cabc.Collection, cabc.Iterable)
-_CONTAINERS += (cabc.MutableSet, cabc.Mapping, cabc.MutableMapping)
+_CONTAINERS += (cabc.Mapping, cabc.MutableMapping)
 # Values the codec restores as themselves: a str is *not* a datetime here (no coercion).
 _BUILTINS = (datetime, date, time, timedelta, Decimal, UUID, bytes, bytearray)
-_AT = re.compile(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]")  # the steps of msgspec's `$.a[0].b`
+_STEP = re.compile(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]")  # the steps of msgspec's `$.a[0].b`
 
 
 class _Invalid(ValueError):
@@ -90,14 +89,17 @@ def _must(tp: object) -> str:
     """What ``must be`` says for an annotation, enums and literals listing their choices."""
     if typing.get_origin(tp) is typing.Literal:
         return "one of " + ", ".join(repr(arg) for arg in typing.get_args(tp))
-    if isinstance(tp, enum.EnumMeta):
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
         values = [repr(member.value) for member in tp]
         shown = ", ".join(values[:10]) + (", ..." if len(values) > 10 else "")
         return f"{tp.__qualname__} (a member or one of {shown})"
     return f"a dict of {_describe(tp)} fields" if _is_struct(tp) else _describe(tp)
 
 
-def _unwrap(tp: object) -> object:
+# --- reading annotations ----------------------------------------------------------------
+
+
+def _unwrap(tp: Any) -> Any:
     """Strip ``Annotated``/``Required``/``Final``..., follow ``NewType`` and ``type`` aliases."""
     while True:
         if typing.get_origin(tp) in _WRAPPERS:
@@ -105,20 +107,15 @@ def _unwrap(tp: object) -> object:
         elif hasattr(tp, "__supertype__"):  # typing.NewType
             tp = tp.__supertype__
         elif type(tp).__name__ == "TypeAliasType":  # a ``type X = ...`` statement
-            tp = tp.__value__  # type: ignore[attr-defined]
+            tp = tp.__value__
         else:
             return tp
 
 
-def _is_typeddict(cls: object) -> bool:
-    """``typing.is_typeddict``, plus TypedDicts from ``typing_extensions``."""
-    return typing.is_typeddict(cls) or (
-        isinstance(cls, type) and issubclass(cls, dict) and hasattr(cls, "__required_keys__")
-    )
-
-
 def _is_struct(tp: object) -> bool:
-    return isinstance(tp, type) and (dataclasses.is_dataclass(tp) or _is_typeddict(tp))
+    """A dataclass or a TypedDict (``typing``'s or ``typing_extensions``')."""
+    typeddict = isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__total__")
+    return typeddict or (isinstance(tp, type) and dataclasses.is_dataclass(tp))
 
 
 def _is_pydantic_model(obj: object) -> bool:
@@ -139,14 +136,12 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 def _fields(cls: type, hints: dict[str, Any]) -> tuple[list[str], set[str]]:
-    """The field names of a dataclass or TypedDict, and the required ones. A TypedDict's
+    """The field names of a dataclass or TypedDict and the required ones; a TypedDict's
     ``Required``/``NotRequired`` are read from the resolved hints (3.11 misses strings)."""
     if dataclasses.is_dataclass(cls):
         fields = [field for field in dataclasses.fields(cls) if field.init]
-        missing = dataclasses.MISSING
-        return [f.name for f in fields], {
-            f.name for f in fields if f.default is missing and f.default_factory is missing
-        }
+        no_default = [f.name for f in fields if f.default is f.default_factory]  # both MISSING
+        return [field.name for field in fields], set(no_default)
     required = set(getattr(cls, "__required_keys__", hints))
     for name, hint in hints.items():
         while (origin := typing.get_origin(hint)) in _WRAPPERS:
@@ -154,6 +149,22 @@ def _fields(cls: type, hints: dict[str, Any]) -> tuple[list[str], set[str]]:
                 (required.add if origin is typing.Required else required.discard)(name)
             hint = typing.get_args(hint)[0]
     return list(hints), required
+
+
+def _child(tp: Any, key: Any, of_key: bool = False) -> Any:
+    """The annotation of ``key`` (or of the key itself) in a value annotated ``tp``, or None."""
+    tp = _unwrap(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in _UNIONS:
+        found = (_child(arm, key, of_key) for arm in args)
+        return next((child for child in found if child is not None), None)
+    if _is_struct(tp):
+        return _type_hints(tp).get(key)
+    if origin not in _CONTAINERS or not args:
+        return Any if tp is Any or tp in _CONTAINERS or origin in _CONTAINERS else None
+    if origin is tuple and args[-1] is not Ellipsis:
+        return args[key] if isinstance(key, int) and key < len(args) else None
+    return args[1] if issubclass(origin, cabc.Mapping) and not of_key else args[0]
 
 
 # --- lowering annotations to what msgspec checks --------------------------------------
@@ -202,11 +213,12 @@ def _lower_other(tp: Any) -> Any:
         return union if _supported(union) else _fallback(tp, lambda v: _one_of(tp, args, v))
     if _is_pydantic_model(tp):
         return _fallback(tp, lambda value: _check_pydantic(tp, value))
-    lowered = origin[tuple(map(_lower, args))] if origin in _CONTAINERS and args else tp
+    if origin in _CONTAINERS and args:  # msgspec checks an Iterable as a list, item by item
+        tp = (cabc.Collection if origin is cabc.Iterable else origin)[tuple(map(_lower, args))]
     known = origin in (typing.Literal, *_CONTAINERS) or (origin is None and isinstance(tp, type))
-    if not known or tp is cabc.Callable or not _supported(lowered):
+    if not known or tp is cabc.Callable or not _supported(tp):
         raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
-    return lowered
+    return tp
 
 
 def _supported(lowered: Any) -> bool:
@@ -271,58 +283,42 @@ def _struct(cls: type) -> Any:
 
 
 def _first_error(value: Any, tp: object, path: FieldPath) -> _Invalid | None:
-    """None if ``value`` fits the annotation ``tp``, else where and why it does not."""
+    """None if ``value`` fits the annotation ``tp``, else where and why it does not: msgspec's
+    error, its path walked through the value and the annotations."""
     try:
         msgspec.convert(value, _lower(tp), **_OPTIONS)
+        return None
     except msgspec.ValidationError as exc:
-        return _explain(exc, value, tp, path)
-    return None
-
-
-def _child(tp: object, key: Any) -> Any:
-    """The annotation of ``key`` inside a value annotated ``tp`` (None if it has none)."""
-    tp = _unwrap(tp)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        return next((c for c in (_child(arm, key) for arm in args) if c is not None), None)
-    if _is_struct(tp):
-        return _type_hints(tp).get(key)  # type: ignore[arg-type]
-    if origin not in _CONTAINERS or not args:
-        return Any if tp is Any or tp in _CONTAINERS or origin in _CONTAINERS else None
-    if origin is tuple and args[-1] is not Ellipsis:
-        return args[key] if isinstance(key, int) and key < len(args) else None
-    return args[1] if issubclass(origin, cabc.Mapping) else args[0]
-
-
-def _explain(exc: msgspec.ValidationError, value: Any, tp: object, path: FieldPath) -> _Invalid:
-    """Our error from msgspec's: its path walked through the payload and annotations."""
-    problem, _, at = str(exc).rpartition(" - at `") if " - at `" in str(exc) else (str(exc), "", "")
-    for name, index in _AT.findall(at.rpartition("`$")[2] if at.startswith("key`") else at[1:]):
+        message, cause = str(exc), exc.__cause__
+    at = re.search(r" - at `(key` in `)?\$(.*)`$", message, re.DOTALL)
+    for name, index in _STEP.findall(at[2] if at else ""):
         if index == "..." or (index and not isinstance(value, Sequence)):  # dict values, sets
             return _in_collection(value, tp, path)
         key: Any = int(index) if index else name
         value = value[key] if isinstance(value, Mapping | Sequence) else getattr(value, key)
         tp, path = _child(tp, key), (*path, key)
-    if isinstance(exc.__cause__, _Invalid):  # a fallback check said where and why
-        return exc.__cause__.under(path)
+    if isinstance(cause, _Invalid):  # a fallback check said where and why
+        return cause.under(path)
+    if at and at[1]:  # a dict's key: msgspec does not say which
+        return _in_collection(value, tp, path)
     tp = _unwrap(tp)
-    if field := re.search(r"(missing required|contains unknown) field `(.*)`", problem):
+    if field := re.match(
+        r"Object (missing required|contains unknown) field `(.*?)`( - |$)", message
+    ):
         kind = "is missing required" if field[1] == "missing required" else "has unknown"
         return _Invalid(path, f"{kind} field {field[2]!r}", (*path, field[2]))
-    if at.startswith("key`"):  # a dict's key: msgspec does not say which
-        for key in value:
-            if found := _first_error(key, typing.get_args(tp)[0], path):
-                return _Invalid(path, f"has an invalid key {key!r}: {found.problem}")
-    if " of length " in problem:  # a fixed tuple
+    if " of length " in message:  # a fixed tuple
         count = len(typing.get_args(tp))
         return _Invalid(path, f"must have {count} items ({_describe(tp)}), got {len(value)}")
     return _Invalid(path, f"must be {_must(tp)}, {_got(value)}")
 
 
 def _in_collection(value: Any, tp: object, path: FieldPath) -> _Invalid:
-    """The first bad item of a dict (msgspec loses the key) or of a set (no index)."""
+    """The first bad key or value of a dict, or item of a set: msgspec does not say which."""
     keyed = isinstance(value, Mapping)
     for key, item in value.items() if keyed else enumerate(value):
+        if keyed and (found := _first_error(key, _child(tp, key, of_key=True), path)):
+            return _Invalid(path, f"has an invalid key {key!r}: {found.problem}")
         if found := _first_error(item, _child(tp, key), (*path, key) if keyed else path):
             return found if keyed else _Invalid(path, f"has an invalid item: {found.problem}")
     return _Invalid(path, f"must be {_describe(_unwrap(tp))}, {_got(value)}")
@@ -375,10 +371,8 @@ class PayloadSchema:
                 return self._call(payload)
             if not isinstance(payload, Mapping):
                 raise _Invalid((), f"must be a dict, {_got(payload)}")
-            try:
-                msgspec.convert(payload, self.struct, **_OPTIONS)
-            except msgspec.ValidationError as exc:
-                raise _explain(exc, payload, self.schema, ())  # noqa: B904 - keeps its cause
+            if (error := _first_error(payload, self.schema, ())) is not None:
+                raise error
             return payload
         except _Invalid as exc:
             text = f"{self.where}(): {render_path(exc.path)} {exc.problem}"
@@ -398,18 +392,12 @@ class PayloadSchema:
 
 
 def compile_schema(schema: object, *, where: str) -> PayloadSchema:
-    """Check a ``schema=`` option at definition time and prepare it for validation.
-
-    ``where`` is the task's path, used in messages. Raises ``InvalidTaskOptions`` for
-    anything that is not one of the accepted kinds.
-    """
+    """Check a ``schema=`` option at definition time and prepare it for validation. ``where``
+    is the task's path, for messages; anything but the accepted kinds is refused."""
     if isinstance(schema, type) and typing.get_origin(schema) is None:
-        if dataclasses.is_dataclass(schema):
-            return PayloadSchema(schema, where, "dataclass")
-        if _is_typeddict(schema):
-            return PayloadSchema(schema, where, "typeddict")
-        if _is_pydantic_model(schema):
-            return PayloadSchema(schema, where, "pydantic")
+        if dataclasses.is_dataclass(schema) or _is_struct(schema) or _is_pydantic_model(schema):
+            kind = "dataclass" if dataclasses.is_dataclass(schema) else "typeddict"
+            return PayloadSchema(schema, where, "pydantic" if _is_pydantic_model(schema) else kind)
         raise InvalidTaskOptions(
             f"{where}: schema {schema.__qualname__} is a class but not a dataclass, TypedDict "
             f"or pydantic model; schema must be {ACCEPTED_KINDS}."
