@@ -17,7 +17,6 @@ import enum
 import re
 import sys
 import threading
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
@@ -29,6 +28,16 @@ from uuid import UUID
 import msgspec
 
 from .exceptions import InvalidTaskArguments, InvalidTaskOptions
+from .typehints import (
+    CONTAINERS,
+    UNIONS,
+    child,
+    describe,
+    is_record,
+    record_fields,
+    type_hints,
+    unwrap,
+)
 
 FieldPath = tuple[Any, ...]
 
@@ -36,12 +45,6 @@ ACCEPTED_KINDS = (
     "a dataclass, a TypedDict or a pydantic model class, or a callable that takes the "
     "payload dict and returns it"
 )
-_WRAPPERS: tuple[Any, ...] = (typing.Annotated, typing.Required, typing.NotRequired)
-_WRAPPERS += (typing.Final, getattr(typing, "ReadOnly", typing.Final))
-_UNIONS = (typing.Union, types.UnionType)
-_CONTAINERS: tuple[Any, ...] = (list, tuple, dict, set, frozenset, cabc.Set, cabc.MutableSet)
-_CONTAINERS += (cabc.Sequence, cabc.MutableSequence, cabc.Collection, cabc.Iterable)
-_CONTAINERS += (cabc.Mapping, cabc.MutableMapping)
 # Values the codec restores as themselves: a str is *not* a datetime here (no coercion).
 _BUILTINS = (datetime, date, time, timedelta, Decimal, UUID, bytes, bytearray)
 _STEP = re.compile(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]")  # the steps of msgspec's `$.a[0].b`
@@ -74,17 +77,6 @@ def _got(value: object) -> str:
     return f"got {type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
 
 
-def _describe(tp: object) -> str:
-    """A readable name for an annotation: ``list[int]``, ``int | None``, ``User``."""
-    if typing.get_origin(tp) in _UNIONS:
-        return " | ".join(_describe(arm) for arm in typing.get_args(tp))
-    if tp is None or tp is type(None):
-        return "None"
-    if isinstance(tp, type):
-        return tp.__qualname__
-    return re.sub(r"(?<![\w.'\"])(?:[a-z_]\w*\.)+", "", repr(tp))  # no module paths
-
-
 def _must(tp: object) -> str:
     """What ``must be`` says for an annotation, enums and literals listing their choices."""
     if typing.get_origin(tp) is typing.Literal:
@@ -93,78 +85,13 @@ def _must(tp: object) -> str:
         values = [repr(member.value) for member in tp]
         shown = ", ".join(values[:10]) + (", ..." if len(values) > 10 else "")
         return f"{tp.__qualname__} (a member or one of {shown})"
-    return f"a dict of {_describe(tp)} fields" if _is_struct(tp) else _describe(tp)
-
-
-# --- reading annotations ----------------------------------------------------------------
-
-
-def _unwrap(tp: Any) -> Any:
-    """Strip ``Annotated``/``Required``/``Final``..., follow ``NewType`` and ``type`` aliases."""
-    while True:
-        if typing.get_origin(tp) in _WRAPPERS:
-            tp = typing.get_args(tp)[0]
-        elif hasattr(tp, "__supertype__"):  # typing.NewType
-            tp = tp.__supertype__
-        elif type(tp).__name__ == "TypeAliasType":  # a ``type X = ...`` statement
-            tp = tp.__value__
-        else:
-            return tp
-
-
-def _is_struct(tp: object) -> bool:
-    """A dataclass or a TypedDict (``typing``'s or ``typing_extensions``')."""
-    typeddict = isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__total__")
-    return typeddict or (isinstance(tp, type) and dataclasses.is_dataclass(tp))
+    return f"a dict of {describe(tp)} fields" if is_record(tp) else describe(tp)
 
 
 def _is_pydantic_model(obj: object) -> bool:
     """A pydantic v2 model class (pydantic is optional: a model means it is imported)."""
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and isinstance(obj, type) and issubclass(obj, pydantic.BaseModel)
-
-
-@lru_cache(maxsize=1024)
-def _type_hints(cls: type) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(cls, include_extras=True)
-    except Exception as exc:  # NameError for a missing forward reference, and friends
-        raise InvalidTaskOptions(
-            f"the schema {cls.__module__}.{cls.__qualname__} has type hints that cannot be "
-            f"resolved: {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _fields(cls: type, hints: dict[str, Any]) -> tuple[list[str], set[str]]:
-    """The field names of a dataclass or TypedDict and the required ones; a TypedDict's
-    ``Required``/``NotRequired`` are read from the resolved hints (3.11 misses strings)."""
-    if dataclasses.is_dataclass(cls):
-        fields = [field for field in dataclasses.fields(cls) if field.init]
-        no_default = [f.name for f in fields if f.default is f.default_factory]  # both MISSING
-        return [field.name for field in fields], set(no_default)
-    required = set(getattr(cls, "__required_keys__", hints))
-    for name, hint in hints.items():
-        while (origin := typing.get_origin(hint)) in _WRAPPERS:
-            if origin in (typing.Required, typing.NotRequired):
-                (required.add if origin is typing.Required else required.discard)(name)
-            hint = typing.get_args(hint)[0]
-    return list(hints), required
-
-
-def _child(tp: Any, key: Any, of_key: bool = False) -> Any:
-    """The annotation of ``key`` (or of the key itself) in a value annotated ``tp``, or None."""
-    tp = _unwrap(tp)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        found = (_child(arm, key, of_key) for arm in args)
-        return next((child for child in found if child is not None), None)
-    if _is_struct(tp):
-        return _type_hints(tp).get(key)
-    if origin not in _CONTAINERS or not args:
-        return Any if tp is Any or tp in _CONTAINERS or origin in _CONTAINERS else None
-    if origin is tuple and args[-1] is not Ellipsis:
-        return args[key] if isinstance(key, int) and key < len(args) else None
-    return args[1] if issubclass(origin, cabc.Mapping) and not of_key else args[0]
 
 
 # --- lowering annotations to what msgspec checks --------------------------------------
@@ -177,7 +104,7 @@ class _Fallback:
 
 
 def _fallback(tp: object, check: Callable[[Any], None]) -> type[_Fallback]:
-    return type(_describe(tp), (_Fallback,), {"check": staticmethod(check)})
+    return type(describe(tp), (_Fallback,), {"check": staticmethod(check)})
 
 
 def _dec_hook(tp: type, value: Any) -> Any:
@@ -199,8 +126,8 @@ _OPTIONS["from_attributes"] = True  # a dataclass instance is checked by its att
 
 def _lower(tp: object) -> Any:
     """The type msgspec checks for an annotation (classes cached by ``_struct``)."""
-    tp = _unwrap(tp)
-    return _struct(tp) if _is_struct(tp) else _lower_other(tp)  # type: ignore[arg-type]
+    tp = unwrap(tp)
+    return _struct(tp) if is_record(tp) else _lower_other(tp)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=1024)
@@ -208,17 +135,18 @@ def _lower_other(tp: Any) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp in (Any, None, type(None), Ellipsis, object):  # Ellipsis: tuple[int, ...]
         return Any if tp is object else tp
-    if origin in _UNIONS:
+    if origin in UNIONS:
         union = typing.Union[tuple(_lower(arm) for arm in args)]  # type: ignore[valid-type]  # noqa: UP007
         return union if _supported(union) else _fallback(tp, lambda v: _one_of(tp, args, v))
     if _is_pydantic_model(tp):
         return _fallback(tp, lambda value: _check_pydantic(tp, value))
-    if origin in _CONTAINERS and args:  # msgspec checks an Iterable as a list, item by item
-        tp = (cabc.Collection if origin is cabc.Iterable else origin)[tuple(map(_lower, args))]
-    known = origin in (typing.Literal, *_CONTAINERS) or (origin is None and isinstance(tp, type))
-    if not known or tp is cabc.Callable or not _supported(tp):
-        raise InvalidTaskOptions(f"{_describe(tp)} cannot be checked")
-    return tp
+    lowered = tp
+    if origin in CONTAINERS and args:  # msgspec checks an Iterable as a list, item by item
+        lowered = (cabc.Collection if origin is cabc.Iterable else origin)[tuple(map(_lower, args))]
+    known = origin in (typing.Literal, *CONTAINERS) or (origin is None and isinstance(tp, type))
+    if not known or tp is cabc.Callable or not _supported(lowered):
+        raise InvalidTaskOptions(f"{describe(tp)} cannot be checked")
+    return lowered
 
 
 def _supported(lowered: Any) -> bool:
@@ -254,8 +182,8 @@ def _struct(cls: type) -> Any:
         return _STRUCTS[cls]
     if cls in _BUILDING:
         return _fallback(cls, lambda value: _one_of(cls, (cls,), value))
-    hints = _type_hints(cls)
-    names, required = _fields(cls, hints)
+    hints = type_hints(cls)
+    names, required = record_fields(cls, hints)
     with _LOCK:
         _BUILDING.add(cls)
         try:
@@ -296,12 +224,12 @@ def _first_error(value: Any, tp: object, path: FieldPath) -> _Invalid | None:
             return _in_collection(value, tp, path)
         key: Any = int(index) if index else name
         value = value[key] if isinstance(value, Mapping | Sequence) else getattr(value, key)
-        tp, path = _child(tp, key), (*path, key)
+        tp, path = child(tp, key), (*path, key)
     if isinstance(cause, _Invalid):  # a fallback check said where and why
         return cause.under(path)
     if at and at[1]:  # a dict's key: msgspec does not say which
         return _in_collection(value, tp, path)
-    tp = _unwrap(tp)
+    tp = unwrap(tp)
     if field := re.match(
         r"Object (missing required|contains unknown) field `(.*?)`( - |$)", message
     ):
@@ -309,7 +237,7 @@ def _first_error(value: Any, tp: object, path: FieldPath) -> _Invalid | None:
         return _Invalid(path, f"{kind} field {field[2]!r}", (*path, field[2]))
     if " of length " in message:  # a fixed tuple
         count = len(typing.get_args(tp))
-        return _Invalid(path, f"must have {count} items ({_describe(tp)}), got {len(value)}")
+        return _Invalid(path, f"must have {count} items ({describe(tp)}), got {len(value)}")
     return _Invalid(path, f"must be {_must(tp)}, {_got(value)}")
 
 
@@ -317,11 +245,11 @@ def _in_collection(value: Any, tp: object, path: FieldPath) -> _Invalid:
     """The first bad key or value of a dict, or item of a set: msgspec does not say which."""
     keyed = isinstance(value, Mapping)
     for key, item in value.items() if keyed else enumerate(value):
-        if keyed and (found := _first_error(key, _child(tp, key, of_key=True), path)):
+        if keyed and (found := _first_error(key, child(tp, key, of_key=True), path)):
             return _Invalid(path, f"has an invalid key {key!r}: {found.problem}")
-        if found := _first_error(item, _child(tp, key), (*path, key) if keyed else path):
+        if found := _first_error(item, child(tp, key), (*path, key) if keyed else path):
             return found if keyed else _Invalid(path, f"has an invalid item: {found.problem}")
-    return _Invalid(path, f"must be {_describe(_unwrap(tp))}, {_got(value)}")
+    return _Invalid(path, f"must be {describe(unwrap(tp))}, {_got(value)}")
 
 
 def _check_pydantic(model: Any, value: Any) -> None:
@@ -395,7 +323,7 @@ def compile_schema(schema: object, *, where: str) -> PayloadSchema:
     """Check a ``schema=`` option at definition time and prepare it for validation. ``where``
     is the task's path, for messages; anything but the accepted kinds is refused."""
     if isinstance(schema, type) and typing.get_origin(schema) is None:
-        if dataclasses.is_dataclass(schema) or _is_struct(schema) or _is_pydantic_model(schema):
+        if dataclasses.is_dataclass(schema) or is_record(schema) or _is_pydantic_model(schema):
             kind = "dataclass" if dataclasses.is_dataclass(schema) else "typeddict"
             return PayloadSchema(schema, where, "pydantic" if _is_pydantic_model(schema) else kind)
         raise InvalidTaskOptions(
