@@ -210,11 +210,11 @@ def _struct(cls: type) -> Any:
 # --- explaining an error ---------------------------------------------------------------
 
 
-def _first_error(value: Any, tp: object, path: FieldPath) -> _Invalid | None:
-    """None if ``value`` fits the annotation ``tp``, else where and why it does not: msgspec's
-    error, its path walked through the value and the annotations."""
+def _first_error(value: Any, tp: object, path: FieldPath, lowered: Any = None) -> _Invalid | None:
+    """None if ``value`` fits the annotation ``tp`` (``lowered``, if known), else where and
+    why it does not: msgspec's error, its path walked through the value and the annotations."""
     try:
-        msgspec.convert(value, _lower(tp), **_OPTIONS)
+        msgspec.convert(value, _lower(tp) if lowered is None else lowered, **_OPTIONS)
         return None
     except msgspec.ValidationError as exc:
         message, cause = str(exc), exc.__cause__
@@ -299,7 +299,7 @@ class PayloadSchema:
                 return self._call(payload)
             if not isinstance(payload, Mapping):
                 raise _Invalid((), f"must be a dict, {_got(payload)}")
-            if (error := _first_error(payload, self.schema, ())) is not None:
+            if (error := _first_error(payload, self.schema, (), self.struct)) is not None:
                 raise error
             return payload
         except _Invalid as exc:

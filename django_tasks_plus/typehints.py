@@ -55,6 +55,7 @@ def is_record(tp: object) -> bool:
 
 @lru_cache(maxsize=1024)
 def type_hints(cls: type) -> dict[str, Any]:
+    """A class's resolved annotations, extras kept; unresolvable ones fail the definition."""
     try:
         return typing.get_type_hints(cls, include_extras=True)
     except Exception as exc:  # NameError for a missing forward reference, and friends
@@ -69,8 +70,9 @@ def record_fields(cls: type, hints: dict[str, Any]) -> tuple[list[str], set[str]
     ``Required``/``NotRequired`` are read from the resolved hints (3.11 misses strings)."""
     if dataclasses.is_dataclass(cls):
         fields = [field for field in dataclasses.fields(cls) if field.init]
-        no_default = [f.name for f in fields if f.default is f.default_factory]  # both MISSING
-        return [field.name for field in fields], set(no_default)
+        missing = dataclasses.MISSING
+        no_default = {f.name for f in fields if f.default is missing is f.default_factory}
+        return [field.name for field in fields], no_default
     required = set(getattr(cls, "__required_keys__", hints))
     for name, hint in hints.items():
         while (origin := typing.get_origin(hint)) in WRAPPERS:
@@ -85,8 +87,8 @@ def child(tp: Any, key: Any, of_key: bool = False) -> Any:
     tp = unwrap(tp)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in UNIONS:
-        found = (child(arm, key, of_key) for arm in args)
-        return next((child for child in found if child is not None), None)
+        in_arms = (child(arm, key, of_key) for arm in args)
+        return next((found for found in in_arms if found is not None), None)
     if is_record(tp):
         return type_hints(tp).get(key)
     if origin not in CONTAINERS or not args:
