@@ -31,6 +31,9 @@ def describe(tp: object) -> str:
         return "None"
     if isinstance(tp, type):
         return tp.__qualname__
+    if typing.get_origin(tp) in CONTAINERS and typing.get_args(tp):  # Optional[X] inside too
+        items = ("..." if arg is Ellipsis else describe(arg) for arg in typing.get_args(tp))
+        return f"{describe(typing.get_origin(tp))}[{', '.join(items)}]"
     return re.sub(r"(?<![\w.'\"])(?:[a-z_]\w*\.)+", "", repr(tp))  # no module paths
 
 

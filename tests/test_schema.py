@@ -986,3 +986,15 @@ def test_a_nested_pydantic_error_keeps_pydantics_error_as_its_cause():
     assert str(exc) == "tests.tasks.send(): payload['user'] is missing required field 'age'"
     assert exc.field_path == ("user", "age")
     assert isinstance(exc.__cause__, pydantic.ValidationError)
+
+
+@dataclass
+class Spelled:
+    values: list[Optional[int]]  # noqa: UP045 - the typing spelling, nested
+
+
+def test_a_nested_typing_optional_is_named_as_a_union():
+    exc = error_of(compile_schema(Spelled, where=WHERE), {"values": "1"})
+    assert (
+        str(exc) == "tests.tasks.send(): payload['values'] must be list[int | None], got str ('1')"
+    )
