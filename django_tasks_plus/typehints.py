@@ -99,15 +99,3 @@ def child(tp: Any, key: Any, of_key: bool = False) -> Any:
     if origin is tuple and args[-1] is not Ellipsis:
         return args[key] if isinstance(key, int) and key < len(args) else None
     return args[1] if issubclass(origin, cabc.Mapping) and not of_key else args[0]
-
-
-__all__ = [
-    "CONTAINERS",
-    "UNIONS",
-    "child",
-    "describe",
-    "is_record",
-    "record_fields",
-    "type_hints",
-    "unwrap",
-]
