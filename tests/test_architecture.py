@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "lifecycle",
             "retry",
             "schema",
+            "typehints",
             "binding",
             "doers",
             "codec",
