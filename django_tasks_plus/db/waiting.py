@@ -2,9 +2,11 @@
 of one in its ordering key, the rows of one reason, and per-queue counts that stay cheap
 on a million READY rows.
 
-The counts never scan a queue: each reads at most ``cap + 1`` rows in the claim index's
-order (``dtp_task_claim_idx``), so a page that shows them costs the same on a thousand
-rows or a million; past the cap they are lower bounds ("10,000+"). The blocked test is
+The counts never scan a queue: each reads at most ``cap + 1`` entries of an index that
+holds only the rows it counts (the claim index one priority level at a time, and the
+partial indexes of held, retrying and ordering-keyed READY tasks), so a page that shows
+them costs about the same on a thousand rows or a million; past the cap a count is a
+bound ("10,000+"). The blocked test is
 the claim's (``sql.ORDERING_HEAD``): an earlier task of the key that is READY, RUNNING
 or dead and blocking it, or a RUNNING task of the key; each probe walks
 ``dtp_task_ordering_idx`` backwards from the task.
@@ -17,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Exists, Max, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from ..compat import TaskResultStatus
@@ -111,43 +113,121 @@ def ready_queues(database: str, backend: str) -> list[str]:
         return [str(row[0]) for row in cursor.fetchall()]
 
 
+def _capped_count(rows: QuerySet[TaskRecord], cap: int) -> Capped:
+    """``SELECT COUNT(*) FROM (… LIMIT cap + 1)``: reads at most ``cap + 1`` rows."""
+    found = rows.values("pk")[: cap + 1].count()
+    return Capped(cap, at_least=True) if found > cap else Capped(found)
+
+
+def _levels(ready: QuerySet[TaskRecord]) -> list[int]:
+    """The priorities present among the READY rows, highest first: one probe of the
+    claim index each (the claim's own walk, ``sql.CLAIM_LEVELS``)."""
+    levels: list[int] = []
+    top = ready.aggregate(top=Max("priority"))["top"]
+    while top is not None:
+        levels.append(top)
+        top = ready.filter(priority__lt=top).aggregate(top=Max("priority"))["top"]
+    return levels
+
+
+def _by_level(ready: QuerySet[TaskRecord], levels: list[int], cap: int, **where: Any) -> Capped:
+    """Rows matching ``where`` at every level, each level one range of the claim index
+    (priority fixed, then ``run_after``), together at most ``cap + 1`` rows read."""
+    total = 0
+    for level in levels:
+        left = cap - total
+        counted = _capped_count(ready.filter(priority=level, **where), left)
+        total += counted.count
+        if counted.at_least:
+            return Capped(cap, at_least=True)
+    return Capped(total)
+
+
+def _oldest_runnable(
+    ready: QuerySet[TaskRecord], levels: list[int], now: datetime, cap: int
+) -> tuple[datetime | None, bool]:
+    """The earliest ``run_after`` of a due task not blocked by its ordering key, and
+    whether it is exact: each level's due rows are read in ``run_after`` order (an
+    index range) until the first one not blocked, at most ``cap`` rows in all."""
+    oldest: datetime | None = None
+    exact = True
+    budget = cap
+    blocked = Exists(_earlier_in_the_way()) | Exists(_running_of_key())
+    for index, level in enumerate(levels):
+        rows = (
+            ready.filter(priority=level, run_after__lte=now)
+            .order_by("run_after", "id")
+            .annotate(blocked=blocked)
+            .values_list("run_after", "ordering_key", "blocked")[:budget]
+        )
+        read = 0
+        for run_after, key, is_blocked in rows.iterator(chunk_size=200):
+            read += 1
+            if key is None or not is_blocked:
+                oldest = run_after if oldest is None else min(oldest, run_after)
+                break
+        else:
+            exact = exact and read < budget  # all read were blocked: older may follow
+        budget -= read
+        if budget <= 0:
+            exact = exact and index == len(levels) - 1  # levels left unread
+            break
+    return oldest, exact
+
+
 def queue_waiting(
     database: str, backend: str, queue: str, now: datetime, cap: int = COUNT_CAP
 ) -> WaitingCounts:
-    """Two reads of at most ``cap + 1`` rows each, in claim order: the due tasks (each
-    tested for a blocker) and the later ones (split by held, retrying, scheduled)."""
+    """One queue's READY tasks by reason, each count reading at most ``cap + 1`` index
+    entries: the due and the later ones per priority level (the claim index), the held
+    ones and the retries (their own partial indexes), the blocked ones among the tasks
+    with an ordering key (``dtp_task_keyed_idx``, each tested against its key)."""
     ready = TaskRecord.objects.using(database).filter(
         backend_name=backend, queue_name=queue, status=READY
     )
-    claim_order = ("-priority", "run_after", "id")
-    due_rows: list[Any] = list(
-        ready.filter(run_after__lte=now)
-        .order_by(*claim_order)
+    levels = _levels(ready)
+    due = _by_level(ready, levels, cap, run_after__lte=now)
+    held = _capped_count(ready.filter(held_since__isnull=False, run_after__gt=now), cap)
+    retrying = _capped_count(
+        ready.filter(attempt__gt=0, held_since__isnull=True, run_after__gt=now), cap
+    )
+    # Later rows, read far enough to leave ``cap`` scheduled ones past the other two.
+    room = cap + held.count + retrying.count
+    later = _by_level(ready, levels, room, run_after__gt=now)
+    scheduled = Capped(
+        max(0, later.count - held.count - retrying.count),
+        at_least=later.at_least,
+        at_most=not later.at_least and not (held.exact and retrying.exact),
+    )
+    keyed = list(
+        ready.filter(ordering_key__isnull=False)
+        .order_by("ordering_key", "sequence")
         .annotate(blocked=Exists(_earlier_in_the_way()) | Exists(_running_of_key()))
-        .values_list("run_after", "blocked", "ordering_key")[: cap + 1]
+        .values_list("run_after", "blocked")[: cap + 1]
     )
-    later_rows = list(
-        ready.filter(run_after__gt=now)
-        .order_by(*claim_order)
-        .values_list("attempt", "held_since")[: cap + 1]
+    keyed_capped = len(keyed) > cap
+    blocked_count = sum(
+        1 for run_after, is_blocked in keyed[:cap] if is_blocked and run_after <= now
     )
-    due_more, later_more = len(due_rows) > cap, len(later_rows) > cap
-    due_rows, later_rows = due_rows[:cap], later_rows[:cap]
-    runnable = [run_after for run_after, blocked, key in due_rows if not (key and blocked)]
-    held = sum(1 for _attempt, since in later_rows if since is not None)
-    retrying = sum(1 for attempt, since in later_rows if since is None and attempt > 0)
-    counts = {
-        Reason.DUE: Capped(len(runnable), due_more),
-        Reason.BLOCKED: Capped(len(due_rows) - len(runnable), due_more),
-        Reason.HELD: Capped(held, later_more),
-        Reason.RETRYING: Capped(retrying, later_more),
-        Reason.SCHEDULED: Capped(len(later_rows) - held - retrying, later_more),
-    }
+    blocked = Capped(blocked_count, at_least=keyed_capped)
+    if not keyed_capped:  # blocked is exact: due minus blocked is as exact as due
+        runnable = Capped(max(0, due.count - blocked.count), at_least=due.at_least)
+    elif due.exact:  # some blocked tasks may not have been read: at most every due one
+        runnable = Capped(due.count, at_most=True)
+    else:  # both past the cap: nothing better than "some"
+        runnable = Capped(0, at_least=True)
+    oldest, oldest_exact = _oldest_runnable(ready, levels, now, cap)
     return WaitingCounts(
         queue=queue,
-        counts=counts,
-        oldest_runnable=min(runnable, default=None),
-        oldest_exact=not due_more,
+        counts={
+            Reason.DUE: runnable,
+            Reason.BLOCKED: blocked,
+            Reason.HELD: held,
+            Reason.RETRYING: retrying,
+            Reason.SCHEDULED: scheduled,
+        },
+        oldest_runnable=oldest,
+        oldest_exact=oldest_exact,
     )
 
 

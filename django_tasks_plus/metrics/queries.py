@@ -167,9 +167,9 @@ def queue_gauges(
 class QueueWaiting:
     """One queue now, its READY tasks split by what they wait for (``waiting.Reason``).
 
-    Each count reads at most ``cap`` rows (``db/waiting.py``), so past it a count is a
-    lower bound (``Capped.at_least``); ``oldest_runnable_age`` counts only tasks that
-    could run now (due, not held, not blocked by their ordering key)."""
+    Each count reads at most ``cap`` index entries (``db/waiting.py``), so past it a
+    count is a bound (``Capped``: "10,000+"); ``oldest_runnable_age`` counts only tasks
+    that could run now (due, not held, not blocked by their ordering key)."""
 
     queue: str
     waiting: dict[Reason, Capped]
@@ -182,7 +182,10 @@ class QueueWaiting:
     def ready(self) -> Capped:
         """Every READY task, whatever it waits for."""
         values = self.waiting.values()
-        return Capped(sum(c.count for c in values), any(c.at_least for c in values))
+        more = any(c.at_least for c in values)
+        return Capped(
+            sum(c.count for c in values), more, not more and any(c.at_most for c in values)
+        )
 
 
 def queue_waiting(
