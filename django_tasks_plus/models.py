@@ -140,9 +140,8 @@ class TaskRecord(models.Model):
                 name="dtp_task_ordering_idx",
             ),
             # What READY tasks wait for (db/waiting.py), counted per queue without reading
-            # the rest of the queue: the held ones, the retries, the ones with an
-            # ordering key. A new task enters none of the three (no attempt yet, not held)
-            # unless it has an ordering key.
+            # the rest of the queue: the held ones and the retries. A new task enters
+            # neither (it has no attempt yet and is not held), so enqueue pays nothing.
             models.Index(
                 fields=["backend_name", "queue_name", "run_after"],
                 condition=Q(status="READY", held_since__isnull=False),
@@ -152,11 +151,6 @@ class TaskRecord(models.Model):
                 fields=["backend_name", "queue_name", "run_after"],
                 condition=Q(status="READY", attempt__gt=0, held_since__isnull=True),
                 name="dtp_task_retry_idx",
-            ),
-            models.Index(
-                fields=["backend_name", "queue_name", "ordering_key", "sequence"],
-                condition=Q(status="READY", ordering_key__isnull=False),
-                name="dtp_task_keyed_idx",
             ),
             # A circuit breaker holds or releases the waiting tasks of one key at once.
             models.Index(

@@ -4,9 +4,10 @@ on a million READY rows.
 
 The counts never scan a queue: each reads at most ``cap + 1`` entries of an index that
 holds only the rows it counts (the claim index one priority level at a time, and the
-partial indexes of held, retrying and ordering-keyed READY tasks), so a page that shows
-them costs about the same on a thousand rows or a million; past the cap a count is a
-bound ("10,000+"). The blocked test is
+partial indexes of held and retrying READY tasks), so a page that shows them costs about
+the same on a thousand rows or a million; past the cap a count is a bound ("10,000+").
+Telling blocked from runnable due tasks takes a probe or two per task, so only the
+oldest ``BLOCKED_SCAN`` due tasks are tested; past them both are lower bounds. The blocked test is
 the claim's (``sql.ORDERING_HEAD``): an earlier task of the key that is READY, RUNNING
 or dead and blocking it, or a RUNNING task of the key; each probe walks
 ``dtp_task_ordering_idx`` backwards from the task.
@@ -19,7 +20,18 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Exists, Max, OuterRef, Q, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Case,
+    Exists,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 
 from ..compat import TaskResultStatus
@@ -27,8 +39,11 @@ from ..models import TaskRecord
 from ..waiting import Capped, Reason
 
 READY, RUNNING, FAILED = TaskResultStatus.READY, TaskResultStatus.RUNNING, TaskResultStatus.FAILED
-# Rows a count reads at most, per queue and kind (due, not yet due).
+# Index entries a count reads at most, per queue and kind.
 COUNT_CAP = 10_000
+# Due tasks tested against their ordering key at most, per queue (each test is an index
+# probe or two): past it, "blocked" and "due now" are lower bounds.
+BLOCKED_SCAN = 1_000
 
 # The queues holding READY tasks of a backend, one index probe each (a loose scan of
 # dtp_task_claim_idx), instead of a DISTINCT over every READY row. PostgreSQL and SQLite
@@ -143,50 +158,57 @@ def _by_level(ready: QuerySet[TaskRecord], levels: list[int], cap: int, **where:
     return Capped(total)
 
 
-def _oldest_runnable(
-    ready: QuerySet[TaskRecord], levels: list[int], now: datetime, cap: int
-) -> tuple[datetime | None, bool]:
-    """The earliest ``run_after`` of a due task not blocked by its ordering key, and
-    whether it is exact: each level's due rows are read in ``run_after`` order (an
-    index range) until the first one not blocked, at most ``cap`` rows in all."""
+def _blocked_flag() -> Case:
+    """True when the row waits behind its ordering key; no probe for a row without one."""
+    return Case(
+        When(ordering_key__isnull=True, then=Value(False)),
+        default=Exists(_earlier_in_the_way()) | Exists(_running_of_key()),
+        output_field=BooleanField(),
+    )
+
+
+def _due_scan(
+    ready: QuerySet[TaskRecord], levels: list[int], now: datetime, scan: int
+) -> tuple[int, int, datetime | None, bool]:
+    """The first ``scan`` due tasks in claim order, each tested against its key: how
+    many were read, how many of them are blocked, the earliest due time of one that is
+    not, and whether the scan read every due task (then the figures are exact)."""
+    read = blocked = 0
     oldest: datetime | None = None
-    exact = True
-    budget = cap
-    blocked = Exists(_earlier_in_the_way()) | Exists(_running_of_key())
-    for index, level in enumerate(levels):
+    for level in levels:
         rows = (
             ready.filter(priority=level, run_after__lte=now)
             .order_by("run_after", "id")
-            .annotate(blocked=blocked)
-            .values_list("run_after", "ordering_key", "blocked")[:budget]
+            .annotate(blocked=_blocked_flag())
+            .values_list("run_after", "blocked")[: scan - read + 1]
         )
-        read = 0
-        for run_after, key, is_blocked in rows.iterator(chunk_size=200):
+        for run_after, is_blocked in rows:
             read += 1
-            if key is None or not is_blocked:
-                oldest = run_after if oldest is None else min(oldest, run_after)
-                break
-        else:
-            exact = exact and read < budget  # all read were blocked: older may follow
-        budget -= read
-        if budget <= 0:
-            exact = exact and index == len(levels) - 1  # levels left unread
-            break
-    return oldest, exact
+            if read > scan:
+                return scan, blocked, oldest, False
+            if is_blocked:
+                blocked += 1
+            elif oldest is None or run_after < oldest:
+                oldest = run_after
+    return read, blocked, oldest, True
 
 
 def queue_waiting(
-    database: str, backend: str, queue: str, now: datetime, cap: int = COUNT_CAP
+    database: str,
+    backend: str,
+    queue: str,
+    now: datetime,
+    cap: int = COUNT_CAP,
+    scan: int = BLOCKED_SCAN,
 ) -> WaitingCounts:
     """One queue's READY tasks by reason, each count reading at most ``cap + 1`` index
-    entries: the due and the later ones per priority level (the claim index), the held
-    ones and the retries (their own partial indexes), the blocked ones among the tasks
-    with an ordering key (``dtp_task_keyed_idx``, each tested against its key)."""
+    entries: the later ones per priority level (the claim index), the held ones and the
+    retries (their own partial indexes); the due ones are read oldest first, at most
+    ``scan`` of them, each tested against its ordering key (blocked or could run)."""
     ready = TaskRecord.objects.using(database).filter(
         backend_name=backend, queue_name=queue, status=READY
     )
     levels = _levels(ready)
-    due = _by_level(ready, levels, cap, run_after__lte=now)
     held = _capped_count(ready.filter(held_since__isnull=False, run_after__gt=now), cap)
     retrying = _capped_count(
         ready.filter(attempt__gt=0, held_since__isnull=True, run_after__gt=now), cap
@@ -199,24 +221,15 @@ def queue_waiting(
         at_least=later.at_least,
         at_most=not later.at_least and not (held.exact and retrying.exact),
     )
-    keyed = list(
-        ready.filter(ordering_key__isnull=False)
-        .order_by("ordering_key", "sequence")
-        .annotate(blocked=Exists(_earlier_in_the_way()) | Exists(_running_of_key()))
-        .values_list("run_after", "blocked")[: cap + 1]
-    )
-    keyed_capped = len(keyed) > cap
-    blocked_count = sum(
-        1 for run_after, is_blocked in keyed[:cap] if is_blocked and run_after <= now
-    )
-    blocked = Capped(blocked_count, at_least=keyed_capped)
-    if not keyed_capped:  # blocked is exact: due minus blocked is as exact as due
-        runnable = Capped(max(0, due.count - blocked.count), at_least=due.at_least)
-    elif due.exact:  # some blocked tasks may not have been read: at most every due one
-        runnable = Capped(due.count, at_most=True)
-    else:  # both past the cap: nothing better than "some"
-        runnable = Capped(0, at_least=True)
-    oldest, oldest_exact = _oldest_runnable(ready, levels, now, cap)
+    read, blocked_count, oldest, whole = _due_scan(ready, levels, now, min(scan, cap))
+    if whole:  # every due task was tested: both exact
+        blocked = Capped(blocked_count)
+        runnable = Capped(read - blocked_count)
+    else:  # of the first ``scan`` due tasks (the oldest): lower bounds
+        blocked = Capped(blocked_count, at_least=True)
+        runnable = Capped(read - blocked_count, at_least=True)
+    # The oldest due task that could run is among those read unless all were blocked.
+    oldest_exact = whole or oldest is not None
     return WaitingCounts(
         queue=queue,
         counts={

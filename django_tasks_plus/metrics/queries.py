@@ -193,6 +193,7 @@ def queue_waiting(
     *,
     now: datetime | None = None,
     cap: int = waiting_store.COUNT_CAP,
+    scan: int = waiting_store.BLOCKED_SCAN,
 ) -> list[QueueWaiting]:
     """Per queue (configured first, then any other with READY, RUNNING or FAILED tasks):
     what its READY tasks wait for, RUNNING and dead counts. Never a scan of the READY
@@ -207,7 +208,7 @@ def queue_waiting(
             names.append(name)
     found = []
     for name in names:
-        counted = waiting_store.queue_waiting(database, backend, name, now, cap)
+        counted = waiting_store.queue_waiting(database, backend, name, now, cap, scan)
         oldest = counted.oldest_runnable
         found.append(
             QueueWaiting(

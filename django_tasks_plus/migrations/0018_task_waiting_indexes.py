@@ -1,5 +1,5 @@
-# The indexes that count what READY tasks wait for (db/waiting.py): held by a breaker,
-# retrying, and those with an ordering key (for the blocked ones). Built concurrently on
+# The indexes that count what READY tasks wait for (db/waiting.py): held by a breaker, and
+# retrying. A new task enters neither, so enqueue does not pay for them. Built concurrently on
 # PostgreSQL, so enqueues and claims go on while they build; other databases migrate as
 # AddIndex does.
 
@@ -33,14 +33,6 @@ class Migration(migrations.Migration):
                 ),
                 fields=["backend_name", "queue_name", "run_after"],
                 name="dtp_task_retry_idx",
-            ),
-        ),
-        AddIndexConcurrently(
-            model_name="taskrecord",
-            index=models.Index(
-                condition=models.Q(("ordering_key__isnull", False), ("status", "READY")),
-                fields=["backend_name", "queue_name", "ordering_key", "sequence"],
-                name="dtp_task_keyed_idx",
             ),
         ),
     ]
