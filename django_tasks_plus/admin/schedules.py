@@ -88,6 +88,8 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("next occurrence"), ordering="next_at")
     def next_occurrence(self, row: ScheduleRecord) -> Any:
+        if row.paused or not row.enabled:
+            return html.EMPTY  # a resumed schedule continues from the moment it resumes
         return html.moment(row.next_at)
 
     @admin.display(description=_("last fired"), ordering="last_fired_at")
