@@ -436,6 +436,24 @@ def test_fires_skips_and_misses_are_counted_per_schedule():
     assert stored["schedule_misses{schedule=adder}"] == 2
     assert stored["schedule_skips{schedule=adder}"] == 1
 
+    # The same on the Prometheus endpoint.
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "pw"))
+    text = client.get("/tasks/metrics/").content.decode()
+    samples = {
+        (sample.name, sample.labels.get("schedule")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("backend") == "default"
+    }
+    assert samples[("django_tasks_plus_schedule_fires_total", "adder")] == 1
+    assert samples[("django_tasks_plus_schedule_misses_total", "adder")] == 2
+    assert samples[("django_tasks_plus_schedule_skips_total", "adder")] == 1
+
 
 # -- the occurrence in the task's metadata --------------------------------------------------
 
