@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import call_command
@@ -403,6 +404,74 @@ def test_the_admin_shows_timing_in_words_history_of_runs_and_the_overview_card(
     overview = client.get("/admin/django_tasks_plus/taskrecord/overview/").content.decode()
     card = overview[overview.index('id="dtp-schedules-card"') :][:400]
     assert f'href="{url}"' in card and ">1 <small>+ 1 paused</small>" in card
+
+
+def test_the_admin_creates_and_edits_runtime_schedules_code_ones_stay_read_only(
+    django_user_model,
+):
+    from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+
+    from tests.conftest import admin_client_for
+
+    client = admin_client_for(
+        "operator",
+        django_user_model,
+        view=["view_schedulerecord"],
+        actions=["add_schedulerecord", "change_schedulerecord"],
+    )
+    url = "/admin/django_tasks_plus/schedulerecord/"
+    entry = {
+        "name": "digest",
+        "backend_name": "default",
+        "task_path": "tests.tasks.add",
+        "cron": "",
+        "every_seconds": "",
+        "timezone": "Europe/Berlin",
+        "args": "[1, 2]",
+        "kwargs": "{}",
+        "queue_name": "",
+        "priority": "0",
+        "catch_up": "latest",
+        "catch_up_cap": "10",
+        "overlap": "allow",
+    }
+    assert client.get(f"{url}add/").status_code == 200
+    refused = [
+        ({"cron": "61 8 * * *"}, "is not a valid cron string"),
+        ({"cron": "0 8 * * *", "every_seconds": "60"}, "not both"),
+        ({"cron": "0 8 * * *", "task_path": "tests.tasks.nowhere"}, "unknown task"),
+        ({"cron": "0 8 * * *", "timezone": "Mars/Base"}, "unknown time zone"),
+    ]
+    for change, message in refused:
+        page = client.post(f"{url}add/", {**entry, **change}).content.decode()
+        assert message in page, change
+    assert not ScheduleRecord.objects.exists()  # nothing written
+
+    response = client.post(f"{url}add/", {**entry, "cron": "0 8 * * 1-5"})
+    assert response.status_code == 302
+    row = ScheduleRecord.objects.get(name="digest")
+    assert row.source == "runtime" and row.args == [1, 2] and row.next_at is not None
+    assert row.next_at.astimezone(ZoneInfo("Europe/Berlin")).hour == 8
+
+    # Edited on its page: a new timing restarts it from its next occurrence; pausing.
+    change_url = f"{url}{row.pk}/change/"
+    assert 'name="cron"' in client.get(change_url).content.decode()
+    edited = {**entry, "every_seconds": "90", "paused": "on"}
+    assert client.post(change_url, edited).status_code == 302
+    row.refresh_from_db()
+    assert (row.cron, row.every_seconds, row.paused, row.name) == ("", 90, True, "digest")
+    actions = set(
+        LogEntry.objects.filter(object_id=str(row.pk)).values_list("action_flag", flat=True)
+    )
+    assert actions == {ADDITION, CHANGE}
+
+    # A schedule from code: its page shows it, read-only; a POST changes nothing.
+    sync(settings_of(), declared(settings_of()), T0)
+    code = ScheduleRecord.objects.get(name="tests.scheduled_tasks.every_five_minutes")
+    page = client.get(f"{url}{code.pk}/change/").content.decode()
+    assert 'name="cron"' not in page and "every 5 minutes" in page
+    assert client.post(f"{url}{code.pk}/change/", {**entry, "cron": "* * * * *"}).status_code == 403
+    assert ScheduleRecord.objects.get(pk=code.pk).cron == "*/5 * * * *"
 
 
 # -- metrics --------------------------------------------------------------------------------
