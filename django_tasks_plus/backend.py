@@ -395,6 +395,22 @@ class DatabaseBackend(compat.BaseTaskBackend):
         self._event_on_commit(events.TASK_REDRIVEN, record)
         return True
 
+    def run_now(self, result_id: str, *, attempt: int | None = None) -> bool:
+        """Make a READY task that waits for its time (a retry, a scheduled or a held
+        task) due now; False if it is not READY, already due, or (``attempt`` given) in
+        another wait than that one. A held task's circuit still decides at its claim."""
+        from .db.store import run_now
+
+        record = self._record(result_id)
+        return run_now(self.settings.database, str(record.pk), attempt=attempt)
+
+    def delete(self, result_id: str) -> bool:
+        """Delete a task that is not RUNNING (waiting or finished); False if it runs."""
+        from .db.store import delete
+
+        record = self._record(result_id)
+        return delete(self.settings.database, str(record.pk))
+
     def discard(self, result_id: str) -> bool:
         """Keep a dead task dead but release the ordering key it blocks."""
         from .db.store import discard

@@ -113,6 +113,7 @@ class TaskRecord(models.Model):
             ("redrive_taskrecord", _("Can redrive dead-lettered tasks")),
             ("cancel_taskrecord", _("Can cancel tasks")),
             ("discard_taskrecord", _("Can release ordering keys held by dead tasks")),
+            ("run_now_taskrecord", _("Can run waiting tasks now")),
         ]
         indexes = [
             # The claim's index: READY tasks by backend and queue, then in claim order, so a

@@ -53,13 +53,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
             "metadata",
             "liveness",
+            "waiting",
             "extensions",
             "schedules.timing",
             "schedules.errors",
             "schedules.words",
         ),
     ),
-    ("foundation", ("compat", "exceptions", "timebounds")),
+    ("foundation", ("compat", "exceptions", "timebounds", "registries")),
 ]
 PURE = "pure"
 MIGRATIONS = f"{PACKAGE}.migrations"

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from django.contrib import admin
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.db.models import Model
 from django.http import HttpRequest
+
+from .filters import configured_backends
 
 STYLESHEET = "django_tasks_plus/admin.css"
 
@@ -21,6 +23,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The backend column only when there are backends to tell apart: with one, it
+        repeats the same word on every row and takes the room of a column that matters."""
+        shown = super().get_list_display(request)
+        if len(configured_backends()) > 1:
+            return shown
+        return tuple(name for name in shown if name != "backend_name")
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -31,13 +41,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def log_change(request: HttpRequest, rows: Sequence[Model], message: str) -> None:
+def log_change(
+    request: HttpRequest, rows: Sequence[Model], message: str, *, deleted: bool = False
+) -> None:
     """One "changed" entry per row in the admin's history, for an action the operator took
-    (redrive, force close, pause, ...); nothing when no row changed."""
+    (redrive, force close, pause, ...), or a "deleted" one (``deleted``: the rows are
+    gone); nothing when no row changed."""
     if rows:
         LogEntry.objects.log_actions(
             user_id=cast(Any, request.user.pk),
             queryset=rows,
-            action_flag=CHANGE,
+            action_flag=DELETION if deleted else CHANGE,
             change_message=message,
         )

@@ -32,6 +32,7 @@ from ..metrics.aggregate import enabled_targets
 from ..metrics.catalog import BUCKETS
 from ..models import ScheduleRecord
 from ..operations import database_backend
+from ..waiting import LABELS, Capped, Reason
 from . import display
 from .filters import configured_backends
 
@@ -105,14 +106,25 @@ def build(
     """The page's numbers and charts for one backend, read now. ``filter_backend``: the
     links to the task list name the backend (when there are several)."""
     links = _Links(site, backend if filter_backend else None)
-    gauges = metrics.queue_gauges(backend, now=now)
+    queues = metrics.queue_waiting(backend, now=now)
     workers = metrics.workers(backend, now=now)
     circuits_open = [b for b in circuits.breaker_states(backend) if b.state != "closed"]
     context: dict[str, Any] = {
-        "queues": [_queue_row(gauge, links) for gauge in gauges],
+        "reasons": [
+            {"value": reason.value, "short": _(reason.value), "label": _(label)}
+            for reason, label in LABELS.items()
+        ],
+        "queues": [_queue_row(queue, links) for queue in queues],
         "queue_totals": {
-            name: sum(getattr(g, name) for g in gauges)
-            for name in ("ready", "scheduled", "running", "dead")
+            **{
+                reason.value: Capped(
+                    sum(q.waiting[reason].count for q in queues),
+                    any(q.waiting[reason].at_least for q in queues),
+                )
+                for reason in Reason
+            },
+            "running": sum(q.running for q in queues),
+            "dead": sum(q.dead for q in queues),
         },
         "workers_alive": sum(1 for w in workers if w.alive),
         "workers_stale": sum(1 for w in workers if not w.alive),
@@ -184,17 +196,27 @@ class _Links:
         return self._url("deadletters", {"queue_name": queue})
 
 
-def _queue_row(gauge: metrics.QueueGauge, links: _Links) -> dict[str, Any]:
+def _queue_row(queue: metrics.QueueWaiting, links: _Links) -> dict[str, Any]:
+    """One queue's row: its READY tasks per waiting reason (each a link to the list
+    filtered to them), RUNNING, dead, and the oldest age of a task that could run now."""
+    oldest = _seconds(queue.oldest_runnable_age)
     return {
-        "queue": gauge.queue,
-        "ready": gauge.ready,
-        "scheduled": gauge.scheduled,
-        "running": gauge.running,
-        "dead": gauge.dead,
-        "oldest": _seconds(gauge.oldest_ready_age),
-        "ready_url": links.tasks(queue_name=gauge.queue, status__exact="READY"),
-        "running_url": links.tasks(queue_name=gauge.queue, status__exact="RUNNING"),
-        "dead_url": links.dead(gauge.queue),
+        "queue": queue.queue,
+        "counts": {reason.value: queue.waiting[reason] for reason in Reason},
+        "waiting": [
+            {
+                "reason": reason.value,
+                "count": queue.waiting[reason],
+                "url": links.tasks(queue_name=queue.queue, waiting=reason.value),
+            }
+            for reason in LABELS
+        ],
+        "running": queue.running,
+        "dead": queue.dead,
+        "oldest": oldest if queue.oldest_exact or oldest == EMPTY else f"≥ {oldest}",
+        "ready_url": links.tasks(queue_name=queue.queue, status__exact="READY"),
+        "running_url": links.tasks(queue_name=queue.queue, status__exact="RUNNING"),
+        "dead_url": links.dead(queue.queue),
     }
 
 
@@ -272,7 +294,8 @@ def _latency_chart(kind: str, found: metrics.Histogram) -> dict[str, Any]:
             description=description,
             labels=labels,
             series=[charts.Series(_("attempts"), list(found.buckets), "primary")],
-            unit=_("attempts ≤ bound"),
+            # Each bar counts its own bucket (above the bound before it, up to its own).
+            unit=_("attempts per bucket, by upper bound"),
         ),
     )
 

@@ -211,6 +211,25 @@ def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, A
     ]
 
 
+def running_and_dead(database: str, backend: str) -> dict[str, dict[str, int]]:
+    """Per queue: RUNNING tasks (few: at most the fleet's concurrency) and FAILED ones,
+    grouped on the (status, queue) index, without reading READY rows."""
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend, status__in=[TaskResultStatus.RUNNING, TaskResultStatus.FAILED]
+        )
+        .values("queue_name", "status")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+    found: dict[str, dict[str, int]] = {}
+    for row in rows:
+        kind = "running" if row["status"] == TaskResultStatus.RUNNING else "dead"
+        found.setdefault(row["queue_name"], {"running": 0, "dead": 0})[kind] = row["count"]
+    return found
+
+
 def worker_rows(database: str, backend: str) -> list[WorkerRecord]:
     """The backend's registered workers, oldest first."""
     return list(

@@ -89,7 +89,8 @@ def _even_minute() -> bool:
 
 @task(retry=exponential_backoff(max_attempts=1), ordering_failure="block")
 def sync_account(account: str, step: int) -> str:
-    """Steps of one account run in order; step 3 of ``acme`` dies and blocks the rest."""
+    """Steps of one account run in order (the demo enqueues them with the ordering key
+    ``account:<name>``); step 3 of ``acme`` dies and blocks the rest."""
     if account == "acme" and step == 3:
         raise PermissionError(f"{account}: the API token was revoked")
     return f"{account} step {step} synced"

@@ -35,7 +35,8 @@ class Command(BaseCommand):
         "Enqueue demo tasks: some `add`, some `flaky` (fail twice, then succeed), some `slow`, "
         "and store two schedules (every 30 s, every 5 minutes) if missing. "
         "With --trickle, keep enqueueing a mix (retries, dead letters, a circuit breaker, a "
-        "blocked ordering key, scheduled tasks) until stopped."
+        "blocked ordering key, scheduled tasks) until stopped; the "
+        "first round has one of each, so every state shows within a minute."
     )
 
     def add_arguments(self, parser):
@@ -100,7 +101,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Enqueueing a few demo tasks every {every:g} s until stopped.")
         self.stdout.flush()
         for step in range(1, 6):  # acme's step 3 dies and blocks steps 4 and 5
-            sync_account.enqueue("acme", step)
+            sync_account.using(ordering_key="account:acme").enqueue("acme", step)
         total, tick = 5, 0
         while not stop.wait(every):
             tick += 1
@@ -108,7 +109,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Stopped the demo trickle after enqueueing {total} tasks.")
 
     def _tick(self, tick: int) -> int:
-        """One round of the trickle; how many tasks it enqueued."""
+        """One round of the trickle; how many tasks it enqueued. The first round (tick 1)
+        enqueues one of each kind, so every state appears within a minute."""
         count = 0
         for n in range(3):
             add.enqueue(tick, n)
@@ -120,13 +122,14 @@ class Command(BaseCommand):
             flaky.enqueue(2)
             slow.enqueue(3.0)
             count += 2
-        if tick % 10 == 0:
+        if tick % 10 == 1:
             later = timezone.now() + timedelta(minutes=2)
             add.using(run_after=later).enqueue(tick, 0)  # shows as scheduled
             for step in range(1, 4):
-                sync_account.enqueue(f"globex-{tick}", step)
+                account = f"globex-{tick}"
+                sync_account.using(ordering_key=f"account:{account}").enqueue(account, step)
             count += 4
-        if tick % 15 == 0:
+        if tick % 15 == 1:
             import_feed.enqueue(f"https://feeds.example.org/{tick}.xml")
             count += 1
         return count
