@@ -18,6 +18,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
@@ -29,6 +30,7 @@ from ..schedules.store import spec_of
 from ..schedules.words import describe
 from . import html
 from .base import ReadOnlyAdmin, log_change
+from .display import ago
 from .schedule_form import FIXED_ON_CHANGE, ScheduleForm
 
 HISTORY_LENGTH = 50
@@ -159,10 +161,14 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
         """When it last fired, its task (linked) and the task's status."""
         if row.last_task_id is None:
             return html.moment(row.last_fired_at)
+        # Which task and how it went, then how long ago (the time itself on hover): a
+        # list row stays a few lines tall.
+        fired = row.last_fired_at
         return format_html(
-            "{}<br>{}",
-            html.moment(row.last_fired_at),
+            '{}<br><span class="dtp-note" title="{}">{}</span>',
             run_cell(row.last_task_id, getattr(row, "last_status", None)),
+            fired.isoformat() if fired else "",
+            ago(fired, timezone.now()) if fired else "",
         )
 
     @admin.display(description=_("history of runs"))
@@ -250,7 +256,7 @@ def task_statuses(task_ids: Iterable[Any]) -> dict[Any, str]:
 
 
 def run_cell(task_id: Any, status: str | None) -> SafeString:
-    """A run: its task's short id (linked) and status; "pruned" once the task is gone."""
+    """A run: its task's status and short id (linked); "pruned" once the task is gone."""
     return format_html(
-        "{} {}", html.task_link(task_id), html.badge(status.lower()) if status else _("pruned")
+        "{} {}", html.badge(status.lower()) if status else _("pruned"), html.task_link(task_id)
     )
