@@ -58,6 +58,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "extensions",
             "schedules.timing",
             "schedules.errors",
+            "schedules.words",
         ),
     ),
     ("foundation", ("compat", "exceptions", "timebounds", "registries")),
