@@ -235,17 +235,23 @@ MEASURE = """() => {
     sidebar: !sidebar ? null : getComputedStyle(sidebar).visibility !== 'hidden'
       && sidebar.getBoundingClientRect().width > 100,
     bodyBg: getComputedStyle(document.body).backgroundColor,
-    h1: document.querySelector('#content h1') ? box(document.querySelector('#content h1')) : null,
+    h1: null,
   };
+  // The title's text (not its box: Django 5.2 floats the object tools into the title's row).
+  const h1 = document.querySelector('#content h1');
+  if (h1) { const range = document.createRange(); range.selectNodeContents(h1); out.h1 = box(range); }
   // What sticks out of the window, outside any box that scrolls sideways (for the message).
+  // Its box, or its text running past its box (a long word), past the window's edge.
+  const out_ = (el) => Math.max(el.getBoundingClientRect().right,
+    el.getBoundingClientRect().left + el.scrollWidth) > window.innerWidth + 1;
   const clipped = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
-    const o = getComputedStyle(p).overflowX;
-    if (o === 'auto' || o === 'scroll' || o === 'hidden') return true; }
+    if (getComputedStyle(p).overflowX !== 'visible' && !out_(p)) return true; }
     return false; };
-  out.overflowing = [...document.body.querySelectorAll('*')]
-    .filter(el => el.getBoundingClientRect().right > window.innerWidth + 1 && !clipped(el))
-    .filter(el => ![...el.children].some(
-      c => c.getBoundingClientRect().right > window.innerWidth + 1))
+  // (Only looked for when the page is too wide: it reads every element's box.)
+  const wide = out.scrollWidth > window.innerWidth + 1;
+  out.overflowing = !wide ? [] : [...document.body.querySelectorAll('*')]
+    .filter(el => out_(el) && !clipped(el))
+    .filter(el => ![...el.children].some(c => out_(c) && !clipped(c)))
     .slice(0, 4).map(el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '')
       + (typeof el.className === 'string' && el.className
          ? '.' + el.className.trim().split(/\\s+/).join('.') : ''));
