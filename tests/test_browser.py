@@ -239,7 +239,11 @@ MEASURE = """() => {
   };
   // The title's text (not its box: Django 5.2 floats the object tools into the title's row).
   const h1 = document.querySelector('#content h1');
-  if (h1) { const range = document.createRange(); range.selectNodeContents(h1); out.h1 = box(range); }
+  if (h1) {
+    const range = document.createRange();
+    range.selectNodeContents(h1);
+    out.h1 = box(range);
+  }
   // What sticks out of the window, outside any box that scrolls sideways (for the message).
   // Its box, or its text running past its box (a long word), past the window's edge.
   const out_ = (el) => Math.max(el.getBoundingClientRect().right,
