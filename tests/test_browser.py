@@ -11,7 +11,8 @@ lines tall with task paths on one line, chart text of at least 10 px, breadcrumb
 their bar and object tools that do not overlap. One test walks them all (one login, one
 seeded database) so the matrix costs seconds, not a test per page.
 
-Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir);
+Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir; the
+layout walk saves one per page, size and scheme only with ``DTP_LAYOUT_SHOTS=1``);
 ``DTP_SCREENSHOTS=docs/images`` regenerates the ones in the docs (light mode;
 ``DTP_SCREENSHOTS_SCHEME=dark`` takes them in the dark theme).
 
