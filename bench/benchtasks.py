@@ -13,3 +13,14 @@ def stamp(sent: float) -> float:
     finished task carries both ends of its enqueue-to-start latency.
     """
     return time.time()
+
+
+@task
+def queries(seconds: float) -> float:
+    """One statement of ``seconds`` on the database: a task thread that uses a session
+    (``bench/fleet_sessions.py`` counts them)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [seconds])
+    return seconds

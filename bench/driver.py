@@ -81,11 +81,12 @@ def vacuum_analyze() -> None:
             cursor.execute("ANALYZE")
 
 
-def fill_history(rows: int) -> float:
+def fill_history(rows: int, age_days: float = 1.0) -> float:
     """Insert ``rows`` finished (SUCCESSFUL) tasks in one statement; return seconds taken.
 
     Every NOT NULL column gets a real value; ``sequence`` comes from its default. The rows
-    look like yesterday's ``add`` calls, so only their status keeps them out of a claim.
+    look like the ``add`` calls of ``age_days`` ago (yesterday's by default, inside the
+    default retention of 7 days), so only their status keeps them out of a claim.
     """
     started = time.perf_counter()
     with connection.cursor() as cursor:
@@ -104,9 +105,9 @@ def fill_history(rows: int) -> float:
                    at + interval '1 ms', at + interval '1 ms', at + interval '2 ms',
                    to_jsonb(2 * g), '[]'::jsonb, '', NULL, false, NULL, false, '{{}}'::jsonb
             FROM generate_series(1, %s) AS g,
-                 LATERAL (SELECT now() - interval '1 day' + g * interval '50 ms') AS t(at)
+                 LATERAL (SELECT now() - %s * interval '1 day' + g * interval '50 ms') AS t(at)
             """,
-            [rows],
+            [rows, age_days],
         )
     return time.perf_counter() - started
 
@@ -246,8 +247,10 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if args.history:
         result["history_rows"] = args.history
-        result["history_fill_seconds"] = fill_history(args.history)
+        result["history_fill_seconds"] = fill_history(args.history, args.history_age_days)
         vacuum_analyze()
+    # The drain's worker inherits this: with "off", its leader prunes no finished task.
+    os.environ["TASKS_RETENTION"] = "true" if args.retention == "on" else "false"
     since = timezone.now()
     enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
     vacuum_analyze()
@@ -268,6 +271,9 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         # Includes the verification queries above: a handful against thousands.
         usage["commits_per_task"] = (commits_after - commits_before) / args.tasks
     result.update(usage)
+    if args.history:
+        left = TaskRecord.objects.filter(enqueued_at__lt=since).count()
+        result["history_pruned"] = args.history - left
     result.update(
         rate_with_start=args.tasks / wall,
         wall_seconds=wall,
@@ -336,6 +342,16 @@ def main() -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS))
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--history", type=int, default=0, help="finished rows under a drain")
+    parser.add_argument(
+        "--history-age-days", type=float, default=1.0, help="how long ago the history ran"
+    )
+    parser.add_argument(
+        "--retention",
+        choices=("on", "off"),
+        default="on",
+        help="the leader's pruner deletes"
+        " finished tasks past OPTIONS['RETENTION'] (on) or keeps them (off)",
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--prefetch", type=int)

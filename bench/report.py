@@ -251,6 +251,28 @@ def scale_rows(scale: Series, reference: Series | None) -> list[Row]:
     ]
 
 
+def pruning_rows(pruned: Series, kept: Series) -> list[Row]:
+    """W5: the drain while the leader prunes expired rows, against the same drain whose
+    leader keeps them."""
+    ours = pruned.value("rate")
+    theirs = kept.value("rate")
+    share = ratio(ours, theirs)
+    expired = pruned.value("history_rows") or 0
+    deleted = pruned.value("history_pruned") or 0
+    return [
+        Row(
+            "W5",
+            f"drain while pruning {expired:,.0f} expired rows",
+            rate(ours),
+            rate(theirs) + " (pruner off)" if theirs else "",
+            fmt_ratio(share),
+            ">= 0.90x of pruner off",
+            verdict(_at_least(share, 0.90)),
+        ),
+        Row("W5", "expired rows deleted during the drain", f"{deleted:,.0f}"),
+    ]
+
+
 def _execution_time(series: Series) -> str:
     for run in series.runs:
         for line in str(run.get("plan", "")).splitlines():

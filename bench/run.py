@@ -8,7 +8,8 @@
     python bench/run.py --peers           # also procrastinate and django-tasks-db (peers.py)
 
 Workloads: W1 enqueue (single and bulk), W2 drain, W3 latency, W4 drain over a large
-finished history. The machine is shared and drifts, so each W1/W2 run is paired with a
+finished history, W5 drain while the leader prunes expired rows (against pruner off).
+The machine is shared and drifts, so each W1/W2 run is paired with a
 bare-psycopg baseline measured right before it (bench/baseline.py) and figures are also
 given as ratios to those. Every django-tasks-plus measurement runs in a fresh process
 (bench/driver.py); the worker is the real ``manage.py runtasks``.
@@ -46,7 +47,9 @@ from benchenv import (
 )
 from report import Row, Series
 
-ALL_WORKLOADS = ("W1", "W2", "W3", "W4")
+ALL_WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
+# W5's history finished this long ago: past the default 7-day retention of SUCCESSFUL.
+EXPIRED_AGE_DAYS = 8.0
 DRIVER = BENCH / "driver.py"
 
 
@@ -61,6 +64,7 @@ class Plan:
     latency_tasks: int
     latency_rate: float
     history: int
+    expired: int
     processes: int
     sqlite: bool
     profile: bool
@@ -75,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
     parser.add_argument("--single", type=int, help="single enqueues in W1a (default 2,000)")
     parser.add_argument("--latency-tasks", type=int, help="W3 tasks (default 500)")
     parser.add_argument("--history", type=int, help="W4 finished rows (default 1,000,000)")
+    parser.add_argument(
+        "--expired", type=int, help="W5 finished rows past retention (default 200,000)"
+    )
     parser.add_argument("--processes", type=int, default=2, help="drain worker processes")
     parser.add_argument("--sqlite", action="store_true", help="also W2/W3 on a SQLite file")
     parser.add_argument("--profile", action="store_true", help="py-spy profile of a W2 drain")
@@ -93,6 +100,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
         latency_tasks=args.latency_tasks or (200 if quick else 500),
         latency_rate=50.0,
         history=args.history if args.history is not None else (100_000 if quick else 1_000_000),
+        expired=args.expired if args.expired is not None else (50_000 if quick else 200_000),
         processes=args.processes,
         sqlite=args.sqlite,
         profile=args.profile,
@@ -138,7 +146,7 @@ def progress(message: str) -> None:
 
 
 def measure_postgres(plan: Plan) -> dict[str, Series]:
-    """W1 and W2 interleaved run by run, each right after its baseline; then W3, W4."""
+    """W1 and W2 interleaved run by run, each right after its baseline; then W3, W4, W5."""
     series: dict[str, Series] = {}
     paired = {
         "W1a": (
@@ -176,7 +184,33 @@ def measure_postgres(plan: Plan) -> dict[str, Series]:
             "drain", PG_URL, tasks=plan.tasks, processes=plan.processes, history=plan.history
         )
         series["W4"] = Series(runs=[result])
+    if "W5" in plan.workloads:
+        series.update(measure_pruning(plan))
     return series
+
+
+def measure_pruning(plan: Plan) -> dict[str, Series]:
+    """W5: drains over ``plan.expired`` finished rows past retention, alternating a worker
+    whose leader prunes them meanwhile and one whose leader keeps them."""
+    pruned, kept = Series(), Series()
+    for run in range(1, plan.runs + 1):
+        for retention, entry in (("off", kept), ("on", pruned)):
+            progress(
+                f"W5 run {run}/{plan.runs}: {plan.tasks:,}-task drain over {plan.expired:,} "
+                f"expired rows, pruner {retention}"
+            )
+            entry.runs.append(
+                driver(
+                    "drain",
+                    PG_URL,
+                    tasks=plan.tasks,
+                    processes=plan.processes,
+                    history=plan.expired,
+                    history_age_days=EXPIRED_AGE_DAYS,
+                    retention=retention,
+                )
+            )
+    return {"W5": pruned, "W5-kept": kept}
 
 
 def measure_sqlite(plan: Plan) -> dict[str, Series]:
@@ -243,6 +277,8 @@ def table_rows(postgres: dict[str, Series], sqlite: dict[str, Series]) -> list[R
         rows += report.latency_rows(postgres["W3"])
     if "W4" in postgres:
         rows += report.scale_rows(postgres["W4"], postgres.get("W2"))
+    if "W5" in postgres:
+        rows += report.pruning_rows(postgres["W5"], postgres["W5-kept"])
     if "W2" in sqlite:
         rows += report.drain_rows(sqlite["W2"], label="W2 sqlite", judged=False)
     if "W3" in sqlite:
@@ -309,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         f"django-tasks-plus bench: {meta['commit'][:10]}{' (dirty)' if meta['dirty'] else ''}, "
         f"PostgreSQL {meta['postgresql']['server_version']}, {meta['cpus']} CPUs, "
         f"load {meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, "
-        f"medians of {plan.runs} run(s) for W1/W2, 1 for W3/W4"
+        f"medians of {plan.runs} run(s) for W1/W2/W5, 1 for W3/W4"
     )
     print(report.render(rows))
     if peer_results is not None:

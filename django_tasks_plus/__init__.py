@@ -37,11 +37,13 @@ from .middleware import Hold
 from .operations import (
     aenqueue_many,
     cancel,
+    delete,
     discard,
     enqueue_many,
     get_metadata,
     prune_dedup_keys,
     redrive,
+    run_now,
 )
 from .retry import ExponentialBackoff, RetryPolicy, exponential_backoff, no_retry
 from .timebounds import HORIZON
@@ -85,6 +87,7 @@ __all__ = [
     "UnsupportedDatabase",
     "aenqueue_many",
     "cancel",
+    "delete",
     "discard",
     "enqueue_many",
     "exponential_backoff",
@@ -92,5 +95,6 @@ __all__ = [
     "no_retry",
     "prune_dedup_keys",
     "redrive",
+    "run_now",
     "task",
 ]

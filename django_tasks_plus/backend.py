@@ -128,11 +128,19 @@ class DatabaseBackend(compat.BaseTaskBackend):
         """Insert the task on the caller's connection, inside the caller's transaction."""
         return self.enqueue_many(task, [(args, kwargs)])[0]
 
-    def enqueue_many(self, task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskResult]:
+    def enqueue_many(
+        self,
+        task: compat.Task,
+        calls: Iterable[Any],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> list[compat.TaskResult]:
         """Enqueue one task per ``(args, kwargs)`` call: all rows or none.
 
         With a ``dedup_key`` the key governs the whole batch: if it is held, nothing is
         inserted and the results of the tasks holding it are returned instead.
+        ``metadata`` starts every row's map (a feature's per-call data, such as a
+        schedule's occurrence); the enqueue middleware sees it and may add to it.
 
         The pipeline (``envelope.py``): validate → build → middleware → write → results.
         """
@@ -144,6 +152,8 @@ class DatabaseBackend(compat.BaseTaskBackend):
             (_split_call(call, index) for index, call in enumerate(calls)),
             now=timezone.now(),
         )
+        if metadata:
+            envelope = envelope.with_metadata(**metadata)
         if not envelope.calls:
             return []
         chain = self._enqueue_chain(task)
@@ -384,6 +394,22 @@ class DatabaseBackend(compat.BaseTaskBackend):
             return False
         self._event_on_commit(events.TASK_REDRIVEN, record)
         return True
+
+    def run_now(self, result_id: str, *, attempt: int | None = None) -> bool:
+        """Make a READY task that waits for its time (a retry, a scheduled or a held
+        task) due now; False if it is not READY, already due, or (``attempt`` given) in
+        another wait than that one. A held task's circuit still decides at its claim."""
+        from .db.store import run_now
+
+        record = self._record(result_id)
+        return run_now(self.settings.database, str(record.pk), attempt=attempt)
+
+    def delete(self, result_id: str) -> bool:
+        """Delete a task that is not RUNNING (waiting or finished); False if it runs."""
+        from .db.store import delete
+
+        record = self._record(result_id)
+        return delete(self.settings.database, str(record.pk))
 
     def discard(self, result_id: str) -> bool:
         """Keep a dead task dead but release the ordering key it blocks."""

@@ -49,14 +49,21 @@ MAX_DURATION = HORIZON
 NEVER_FAILURES: tuple[type[BaseException], ...] = (Abort, TaskDeferred, Cancelled)
 
 
-# The names of the Breakers created in this process (at import of the task modules): an
-# operator opening a circuit by hand is warned about a name no task of theirs uses.
-_DECLARED_NAMES: set[str] = set()
+# The Breakers created in this process (at import of the task modules), by name, with
+# the recovery delay of the last one of each name: an operator opening a circuit by hand
+# is warned about a name no task of theirs uses, and the pages say when a probe is due.
+_DECLARED: dict[str, timedelta] = {}
 
 
 def declared_names() -> frozenset[str]:
     """The names of every ``Breaker`` created in this process so far."""
-    return frozenset(_DECLARED_NAMES)
+    return frozenset(_DECLARED)
+
+
+def declared_recovery(name: str) -> timedelta | None:
+    """The recovery delay of the breaker named ``name`` created in this process (the
+    last one, if several share the name); None if none was."""
+    return _DECLARED.get(name)
 
 
 class State(StrEnum):
@@ -175,7 +182,7 @@ class Breaker:
             value = getattr(self, hook)
             if value is not None and not callable(value):
                 raise InvalidTaskOptions(f"Breaker {hook} must be callable, got {value!r}.")
-        _DECLARED_NAMES.add(self.name)
+        _DECLARED[self.name] = self.recovery
 
     # -- typed views of the normalised fields ------------------------------------------
 
@@ -384,6 +391,24 @@ def prune(breaker: Breaker, failures: Sequence[datetime], now: datetime) -> tupl
     horizon = now - breaker.retention
     kept = sorted(at for at in failures if at > horizon)
     return tuple(kept[-MAX_REMEMBERED_FAILURES:])
+
+
+def next_probe(circuit: Circuit, recovery: timedelta | None) -> datetime | None:
+    """When the circuit lets a task probe the remote host (``decide``'s rule): an open
+    circuit at ``opened_at + recovery``; a half-open one whose probe stays silent, at
+    ``probe_started_at + recovery`` (another task probes then). Without the recovery
+    delay (no breaker of that name loaded here), the time its held tasks were parked
+    until, which is the probe time the workers computed. None for a closed circuit or
+    when nothing says."""
+    if circuit.state is State.OPEN:
+        if recovery is not None and circuit.opened_at is not None:
+            return circuit.opened_at + recovery
+        parked, opened = circuit.parked_until, circuit.opened_at
+        return parked if parked is not None and (opened is None or parked > opened) else None
+    if circuit.state is State.HALF_OPEN:
+        started = circuit.probe_started_at
+        return started + recovery if started is not None and recovery is not None else None
+    return None
 
 
 def force(state: State, *, now: datetime) -> Circuit:

@@ -47,8 +47,10 @@ from .breaker import (
     check_name,
     decide,
     declared_names,
+    declared_recovery,
     failures_text,
     force,
+    next_probe,
     parse_circuit,
     record_failure,
     record_neutral,
@@ -414,6 +416,7 @@ class BreakerStatus:
     held: int  # tasks held back for this key and not yet due
     updated_at: datetime
     problem: str = ""  # why a corrupt row cannot be read
+    probe_at: datetime | None = None  # when a task may next probe (``breaker.next_probe``)
 
 
 def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[BreakerStatus]:
@@ -440,6 +443,7 @@ def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[Bre
                 held=held.get(scoped_key(row.name, row.key), 0),
                 updated_at=row.updated_at,
                 problem=problem,
+                probe_at=None if problem else next_probe(circuit, declared_recovery(row.name)),
             )
         )
     return statuses

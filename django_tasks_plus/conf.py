@@ -55,7 +55,29 @@ _DEFAULTS: dict[str, Any] = {
     # an operator command starts, so every task (and its breaker, services) is known.
     "AUTODISCOVER": True,
     "SCHEDULES": {},
+    # How long finished tasks and other spent rows are kept before the leader's pruner
+    # deletes them (docs/settings.md#retention); {} = the defaults below, and a dict given
+    # sets only the keys it names.
+    "RETENTION": {},
 }
+
+# Every OPTIONS["RETENTION"] key with its default, written only here (as _DEFAULTS above).
+# A duration (timedelta or seconds), or None: keep for ever.
+_RETENTION_DEFAULTS: dict[str, Any] = {
+    # Finished tasks, by status, counted from ``finished_at``.
+    "SUCCESSFUL": timedelta(days=7),
+    "FAILED": timedelta(days=30),
+    # Circuit breaker rows that are closed, remember no failure, hold no task and have
+    # not changed for this long (a new failure writes the row again).
+    "BREAKERS": timedelta(days=7),
+    # Occurrences a schedule acted on; each schedule's latest one always stays.
+    "SCHEDULE_OCCURRENCES": timedelta(days=30),
+    # Seconds between two rounds of the pruner, and rows deleted per transaction.
+    "INTERVAL": 60.0,
+    "BATCH_SIZE": 1000,
+}
+# Statuses whose tasks are never pruned: they have not finished.
+UNFINISHED_STATUSES = ("READY", "RUNNING")
 
 # Every OPTIONS["METRICS"] key with its default, written only here (as _DEFAULTS above).
 _METRICS_DEFAULTS: dict[str, Any] = {
@@ -81,6 +103,24 @@ class MetricsSettings:
     flush_interval: float = _METRICS_DEFAULTS["FLUSH_INTERVAL"]
     retention: timedelta = timedelta(days=_METRICS_DEFAULTS["RETENTION_DAYS"])
     token: str | None = field(default=_METRICS_DEFAULTS["TOKEN"], repr=False)
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """The validated ``OPTIONS["RETENTION"]`` of one backend (docs/settings.md#retention);
+    a retention of None keeps those rows for ever."""
+
+    successful: timedelta | None = _RETENTION_DEFAULTS["SUCCESSFUL"]
+    failed: timedelta | None = _RETENTION_DEFAULTS["FAILED"]
+    breakers: timedelta | None = _RETENTION_DEFAULTS["BREAKERS"]
+    schedule_occurrences: timedelta | None = _RETENTION_DEFAULTS["SCHEDULE_OCCURRENCES"]
+    interval: float = _RETENTION_DEFAULTS["INTERVAL"]
+    batch_size: int = _RETENTION_DEFAULTS["BATCH_SIZE"]
+
+    def by_status(self) -> dict[str, timedelta]:
+        """The finished statuses that are pruned, with their retention."""
+        kept = {"SUCCESSFUL": self.successful, "FAILED": self.failed}
+        return {status: age for status, age in kept.items() if age is not None}
 
 
 @dataclass(frozen=True)
@@ -115,6 +155,7 @@ class BackendSettings:
     autodiscover: bool = _DEFAULTS["AUTODISCOVER"]
     schedules: Mapping[str, Any] = field(default_factory=dict)
     """``OPTIONS["SCHEDULES"]`` as written; the schedules feature validates the entries."""
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     def serves(self, queue: str) -> bool:
         """Whether tasks may name ``queue``: it is listed, or ``QUEUES`` is empty (any)."""
@@ -309,6 +350,7 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         services=_services(alias, merged["SERVICES"]),
         autodiscover=autodiscover,
         schedules=dict(schedules),
+        retention=retention_settings(alias, merged["RETENTION"]),
         queue_order=tuple(dict.fromkeys(params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))),
     )
 
@@ -368,6 +410,62 @@ def metrics_settings(alias: str, value: Any) -> MetricsSettings:
         flush_interval=numbers["FLUSH_INTERVAL"],
         retention=timedelta(days=numbers["RETENTION_DAYS"]),
         token=token,
+    )
+
+
+def retention_settings(alias: str, value: Any) -> RetentionSettings:
+    """Validate ``OPTIONS["RETENTION"]``."""
+    if not isinstance(value, Mapping):
+        raise _fail(alias, "RETENTION", f"must be a dict, got {value!r}.")
+    for key in value:
+        if str(key).upper() in UNFINISHED_STATUSES:
+            raise _fail(
+                alias,
+                "RETENTION",
+                f"has {key!r}: {str(key).upper()} tasks have not finished and are never "
+                "pruned. Give a retention for SUCCESSFUL or FAILED tasks.",
+            )
+        if key not in _RETENTION_DEFAULTS:
+            close = difflib.get_close_matches(str(key), _RETENTION_DEFAULTS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise _fail(
+                alias,
+                "RETENTION",
+                f"has an unknown key {key!r}.{hint} "
+                f"Known keys: {', '.join(sorted(_RETENTION_DEFAULTS))}.",
+            )
+    merged = {**_RETENTION_DEFAULTS, **value}
+    ages: dict[str, timedelta | None] = {}
+    for key in ("SUCCESSFUL", "FAILED", "BREAKERS", "SCHEDULE_OCCURRENCES"):
+        given = merged[key]
+        if given is None:
+            ages[key] = None
+            continue
+        try:
+            ages[key] = _duration(alias, "RETENTION", given)
+        except InvalidBackendOptions:
+            raise _fail(
+                alias,
+                "RETENTION",
+                f"must be a duration (a timedelta or a number of seconds) or None (keep "
+                f"for ever), got {given!r}.",
+                subkey=key,
+            ) from None
+    interval = merged["INTERVAL"]
+    problem = positive_seconds_problem(interval)
+    if problem:
+        raise _fail(alias, "RETENTION", f"{problem}.", subkey="INTERVAL")
+    batch_size = merged["BATCH_SIZE"]
+    problem = positive_int_problem(batch_size)
+    if problem:
+        raise _fail(alias, "RETENTION", f"{problem}.", subkey="BATCH_SIZE")
+    return RetentionSettings(
+        successful=ages["SUCCESSFUL"],
+        failed=ages["FAILED"],
+        breakers=ages["BREAKERS"],
+        schedule_occurrences=ages["SCHEDULE_OCCURRENCES"],
+        interval=float(interval),
+        batch_size=batch_size,
     )
 
 

@@ -113,6 +113,7 @@ class TaskRecord(models.Model):
             ("redrive_taskrecord", _("Can redrive dead-lettered tasks")),
             ("cancel_taskrecord", _("Can cancel tasks")),
             ("discard_taskrecord", _("Can release ordering keys held by dead tasks")),
+            ("run_now_taskrecord", _("Can run waiting tasks now")),
         ]
         indexes = [
             # The claim's index: READY tasks by backend and queue, then in claim order, so a
@@ -137,6 +138,13 @@ class TaskRecord(models.Model):
                 fields=["ordering_key", "sequence"],
                 condition=Q(ordering_key__isnull=False),
                 name="dtp_task_ordering_idx",
+            ),
+            # The pruner deletes finished tasks of one status, oldest first, a batch at a
+            # time (worker/pruner.py), without walking the unfinished ones.
+            models.Index(
+                fields=["backend_name", "status", "finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="dtp_task_finished_idx",
             ),
             # A circuit breaker holds or releases the waiting tasks of one key at once.
             models.Index(

@@ -1,5 +1,5 @@
 """Module-level helpers for app code: bulk enqueue, metadata, cancel, redrive, discard,
-pruning.
+run now, delete, pruning.
 
 Each accepts a ``TaskResult`` or a result id and finds the backend that owns it.
 """
@@ -93,6 +93,20 @@ def cancel(result: compat.TaskResult | str, *, backend: str | None = None) -> Ca
 def redrive(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
     """Run a dead-lettered task again with a fresh retry budget; False if it is not FAILED."""
     return _backend(result, backend).redrive(_id(result))
+
+
+def run_now(
+    result: compat.TaskResult | str, *, backend: str | None = None, attempt: int | None = None
+) -> bool:
+    """Run a waiting task now (a retry, a scheduled or a held one): READY and due from
+    now on; False if it was not waiting for its time. ``attempt``: only if it still is
+    in the wait after that many attempts (a worker may have run it meanwhile)."""
+    return _backend(result, backend).run_now(_id(result), attempt=attempt)
+
+
+def delete(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
+    """Delete a task unless it is RUNNING (cancel it first); False if it was left."""
+    return _backend(result, backend).delete(_id(result))
 
 
 def discard(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:

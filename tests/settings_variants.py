@@ -59,6 +59,13 @@ elif VARIANT == "fast-metrics":
             },
         }
     }
+elif VARIANT == "pool-of-two":
+    # Django's connection pool, at most two sessions, none kept idle beyond the first:
+    # the task threads of a worker share what the pool holds (tests/test_connections.py).
+    DATABASES["default"]["OPTIONS"] = {  # noqa: F405
+        **DATABASES["default"].get("OPTIONS", {}),  # noqa: F405
+        "pool": {"min_size": 1, "max_size": 2, "timeout": 20},
+    }
 elif VARIANT == "east-of-utc":
     # A project far east of UTC: 9999-12-31 23:59 UTC is already year 10000 locally.
     TIME_ZONE = "Pacific/Kiritimati"

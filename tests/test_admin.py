@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -25,7 +26,13 @@ pytestmark = pytest.mark.django_db
 
 ROLES = ("anonymous", "non_staff", "staff_no_perms", "staff_view_only", "operator", "superuser")
 VIEW_PERMS = ("view_taskrecord", "view_workerrecord")
-ACTION_PERMS = ("redrive_taskrecord", "cancel_taskrecord", "discard_taskrecord")
+ACTION_PERMS = (
+    "redrive_taskrecord",
+    "cancel_taskrecord",
+    "discard_taskrecord",
+    "run_now_taskrecord",
+    "delete_taskrecord",
+)
 CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
 
 
@@ -114,6 +121,16 @@ def _ready_row() -> TaskRecord:
     return TaskRecord.objects.get(pk=tasks.add.enqueue(1, 2).id)
 
 
+def _retrying_row() -> TaskRecord:
+    """A READY task waiting an hour for its second attempt."""
+    row = _ready_row()
+    TaskRecord.objects.filter(pk=row.pk).update(
+        attempt=1, run_after=timezone.now() + timedelta(hours=1)
+    )
+    row.refresh_from_db()
+    return row
+
+
 ACTIONS = {
     # action: (make the row it applies to, the row's status after, a field that shows it)
     "redrive_tasks": (failed_record, TaskResultStatus.READY, "Redriven from the admin."),
@@ -123,6 +140,8 @@ ACTIONS = {
         TaskResultStatus.FAILED,
         "Discarded from the admin.",
     ),
+    "run_now_tasks": (_retrying_row, TaskResultStatus.READY, "Made due now from the admin."),
+    "delete_tasks": (failed_record, None, "Deleted from the admin."),
 }
 ALLOWED_TO_ACT = {"operator", "superuser"}
 
@@ -135,9 +154,13 @@ def _post_action(client: Client, action: str, record: TaskRecord):
 
 
 def _changed(action: str, record: TaskRecord) -> bool:
+    if action == "delete_tasks":
+        return not TaskRecord.objects.filter(pk=record.pk).exists()
     record.refresh_from_db()
     if action == "discard_tasks":
         return not record.ordering_blocked
+    if action == "run_now_tasks":
+        return record.run_after <= timezone.now()
     return record.status == ACTIONS[action][1]
 
 
@@ -153,7 +176,7 @@ def test_action_permission_matrix(role, action, django_user_model):
         assert _changed(action, record)
         entry = LogEntry.objects.get()
         assert entry.user.username == role
-        assert entry.action_flag == CHANGE
+        assert entry.action_flag == (DELETION if action == "delete_tasks" else CHANGE)
         assert entry.object_id == str(record.pk)
         assert entry.get_change_message() == ACTIONS[action][2]
         return
@@ -240,3 +263,136 @@ def test_task_list_survives_a_row_nested_too_deeply_to_parse(django_user_model):
     response = client.get(reverse("admin:django_tasks_plus_taskrecord_changelist"))
     assert response.status_code == 200
     assert hostile.id in response.content.decode()
+
+
+# -- run now, delete, and "all matching" on the task list ------------------------------------
+
+MATCHING = "admin:django_tasks_plus_taskrecord_list_matching"
+
+
+def test_run_now_is_guarded_against_a_worker_that_claimed_the_task_meanwhile():
+    """The update holds only while the task is READY, not yet due, and in the wait the
+    operator saw (its attempt count): a claim, or a claim that ran and rescheduled it,
+    wins."""
+    from django_tasks_plus import run_now
+
+    row = _retrying_row()
+    TaskRecord.objects.filter(pk=row.pk).update(status=TaskResultStatus.RUNNING)
+    assert not run_now(str(row.pk), attempt=1)  # claimed: left to the worker
+    later = timezone.now() + timedelta(hours=1)
+    TaskRecord.objects.filter(pk=row.pk).update(
+        status=TaskResultStatus.READY, attempt=2, run_after=later
+    )
+    assert not run_now(str(row.pk), attempt=1)  # ran and failed again: another wait
+    assert TaskRecord.objects.get(pk=row.pk).run_after == later
+    assert run_now(str(row.pk), attempt=2)
+    assert TaskRecord.objects.get(pk=row.pk).run_after <= timezone.now()
+    assert not run_now(str(row.pk))  # already due
+
+
+def test_running_a_held_task_now_warns_that_its_breaker_holds_it_again(django_user_model):
+    client = make_client("operator", django_user_model)
+    row = _retrying_row()
+    TaskRecord.objects.filter(pk=row.pk).update(
+        held_since=timezone.now(), breaker_key="http/api.example.com"
+    )
+    page = client.get(reverse("admin:django_tasks_plus_taskrecord_change", args=[row.pk]))
+    assert "dtp-run-now-warning" in page.content.decode()
+    response = _post_action(client, "run_now_tasks", row)
+    messages = [str(m) for m in response.wsgi_request._messages]
+    assert "1 waiting task made due now." in messages
+    assert any("held by a circuit breaker" in m for m in messages)
+
+
+def test_the_task_page_runs_now_and_deletes(django_user_model):
+    client = make_client("operator", django_user_model)
+    row = _retrying_row()
+    act = "admin:django_tasks_plus_taskrecord_act"
+    page = client.get(reverse("admin:django_tasks_plus_taskrecord_change", args=[row.pk]))
+    text = page.content.decode()
+    assert reverse(act, args=[row.pk, "run-now"]) in text
+    assert reverse(act, args=[row.pk, "delete"]) in text
+    assert "dtp-run-now-warning" not in text  # not held
+    client.post(reverse(act, args=[row.pk, "run-now"]))
+    assert TaskRecord.objects.get(pk=row.pk).run_after <= timezone.now()
+    due = client.get(reverse("admin:django_tasks_plus_taskrecord_change", args=[row.pk]))
+    assert reverse(act, args=[row.pk, "run-now"]) not in due.content.decode()  # due already
+    response = client.post(reverse(act, args=[row.pk, "delete"]))
+    assert response.status_code == 302 and response["Location"] == reverse(CHANGELIST)
+    assert not TaskRecord.objects.filter(pk=row.pk).exists()
+    flags = list(LogEntry.objects.order_by("pk").values_list("action_flag", "change_message"))
+    assert flags == [
+        (CHANGE, "Made due now from the admin."),
+        (DELETION, "Deleted from the admin."),
+    ]
+
+
+def test_a_running_task_is_not_deleted(django_user_model):
+    client = make_client("operator", django_user_model)
+    row = _ready_row()
+    TaskRecord.objects.filter(pk=row.pk).update(status=TaskResultStatus.RUNNING)
+    response = _post_action(client, "delete_tasks", row)
+    messages = [str(m) for m in response.wsgi_request._messages]
+    assert "0 tasks deleted. 1 was running (cancel it first) and was left." in messages
+    assert TaskRecord.objects.filter(pk=row.pk).exists()
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("operation", "changed"),
+    [
+        ("run-now", lambda rows: all(r.run_after <= timezone.now() for r in rows)),
+        ("cancel", lambda rows: all(r.status == TaskResultStatus.FAILED for r in rows)),
+        ("delete", lambda rows: not rows),
+    ],
+)
+def test_all_matching_on_the_task_list_asks_then_acts_and_logs(
+    operation, changed, django_user_model
+):
+    client = make_client("operator", django_user_model)
+    chosen = [_retrying_row(), _retrying_row()]
+    other = TaskRecord.objects.get(pk=tasks.add.using(queue_name="emails").enqueue(1, 1).id)
+    url = reverse(MATCHING, args=[operation]) + "?queue_name=default"
+    listing = client.get(reverse(CHANGELIST) + "?queue_name=default").content.decode()
+    assert url.replace("&", "&amp;") in listing  # offered, with the list's filter
+
+    asked = client.get(url)
+    assert asked.status_code == 200 and asked.context["count"] == 2
+    assert "queue_name=default" in asked.content.decode()
+    assert not LogEntry.objects.exists()  # GET changes nothing
+
+    assert client.post(url).status_code == 302
+    left = list(TaskRecord.objects.filter(pk__in=[r.pk for r in chosen]))
+    assert changed(left)
+    assert TaskRecord.objects.get(pk=other.pk).status == TaskResultStatus.READY
+    entries = LogEntry.objects.all()
+    assert len(entries) == 2
+    assert all("matching queue_name=default" in e.get_change_message() for e in entries)
+
+
+@pytest.mark.parametrize("operation", ["run-now", "cancel", "delete"])
+@pytest.mark.parametrize("role", ROLES)
+def test_all_matching_on_the_task_list_needs_the_permission(operation, role, django_user_model):
+    client = make_client(role, django_user_model)
+    row = _retrying_row()
+    response = client.post(reverse(MATCHING, args=[operation]))
+    if role in ALLOWED_TO_ACT:
+        assert response.status_code == 302
+        return
+    expected = {"anonymous": "login", "non_staff": "login"}.get(role, 403)
+    assert ("login" if sent_to_login(response) else response.status_code) == expected
+    assert TaskRecord.objects.get(pk=row.pk).run_after > timezone.now()
+    assert TaskRecord.objects.get(pk=row.pk).status == TaskResultStatus.READY
+
+
+@pytest.mark.parametrize("operation", ["run-now", "cancel", "delete"])
+def test_all_matching_on_the_task_list_needs_the_csrf_token(operation, django_user_model):
+    client = make_client("operator", django_user_model, enforce_csrf=True)
+    row = _retrying_row()
+    assert client.post(reverse(MATCHING, args=[operation])).status_code == 403
+    assert TaskRecord.objects.get(pk=row.pk).run_after > timezone.now()
+    assert not LogEntry.objects.exists()
+
+
+def test_the_task_list_offers_no_redrive_of_all_matching(admin_client):
+    assert admin_client.get(reverse(MATCHING, args=["redrive"])).status_code == 404

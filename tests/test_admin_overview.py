@@ -14,7 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_tasks_plus import circuits, metrics
-from django_tasks_plus.models import WorkerRecord
+from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.models import TaskRecord, WorkerRecord
 from tests import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,11 +38,19 @@ def test_empty_overview_shows_zeros_and_empty_charts(admin_client):
     context = response.context
     assert [row["queue"] for row in context["queues"]] == ["default", "emails", "slow", "other"]
     assert all(
-        row[name] == 0
+        row["running"] == row["dead"] == 0 and all(c.count == 0 for c in row["counts"].values())
         for row in context["queues"]
-        for name in ("ready", "scheduled", "running", "dead")
     )
-    assert context["queue_totals"] == {"ready": 0, "scheduled": 0, "running": 0, "dead": 0}
+    totals = context["queue_totals"]
+    assert {name: str(count) for name, count in totals.items()} == {
+        "due": "0",
+        "blocked": "0",
+        "held": "0",
+        "retrying": "0",
+        "scheduled": "0",
+        "running": "0",
+        "dead": "0",
+    }
     assert (context["workers_alive"], context["workers_stale"]) == (0, 0)
     assert context["breakers"] == []
     assert [w.failure_rate for w in context["windows"]] == ["-", "-"]
@@ -83,12 +92,16 @@ def test_overview_with_a_real_worker_run(admin_client, run_worker):
     assert response.status_code == 200
     context = response.context
     rows = {row["queue"]: row for row in context["queues"]}
-    assert (rows["default"]["ready"], rows["default"]["scheduled"]) == (0, 1)
+    default = {name: count.count for name, count in rows["default"]["counts"].items()}
+    assert default == {"due": 0, "blocked": 0, "held": 0, "retrying": 0, "scheduled": 1}
     assert (rows["default"]["running"], rows["default"]["dead"]) == (0, 1)
-    assert rows["other"]["ready"] == 1 and rows["other"]["oldest"] != "-"
+    assert rows["other"]["counts"]["due"].count == 1 and rows["other"]["oldest"] != "-"
     assert rows["default"]["oldest"] == "-"
     assert rows["default"]["dead_url"].endswith("dead-letters/?queue_name=default")
     assert "status__exact=READY" in rows["other"]["ready_url"]
+    # Each reason's count links to the list filtered to it.
+    scheduled = {cell["reason"]: cell["url"] for cell in rows["default"]["waiting"]}["scheduled"]
+    assert "waiting=scheduled" in scheduled and "queue_name=default" in scheduled
 
     hour, day = context["windows"]
     for window in (hour, day):
@@ -122,6 +135,62 @@ def test_overview_with_a_real_worker_run(admin_client, run_worker):
     assert len([t for t in hour_chart.iter(f"{ns}text") if t.get("class") == "dtp-chart-unit"])
     assert 'href="/static/django_tasks_plus/admin.css"' in page
     assert "api.example.com" in page and "dtp-badge-open" in page
+
+
+def _waiting_row(minutes_ago: float, **columns) -> TaskRecord:
+    key = columns.pop("ordering_key", None)
+    result = tasks.add.using(**({"ordering_key": key} if key else {})).enqueue(1, 1)
+    run_after = timezone.now() - timedelta(minutes=minutes_ago)
+    TaskRecord.objects.filter(pk=result.id).update(run_after=run_after, **columns)
+    return TaskRecord.objects.get(pk=result.id)
+
+
+def test_the_overview_splits_waiting_tasks_by_reason_and_links_each(admin_client):
+    """A task blocked by its ordering key is counted as blocked, not in the oldest due
+    age; held, retrying and scheduled tasks each have their own count and link."""
+    _waiting_row(30, ordering_key="acct", status=TaskResultStatus.RUNNING)
+    blocked = _waiting_row(20, ordering_key="acct")
+    due = _waiting_row(2)
+    held = _waiting_row(-5, attempt=1, held_since=timezone.now(), breaker_key="http/api")
+    retrying = _waiting_row(-5, attempt=2)
+    scheduled = _waiting_row(-60)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        response = overview(admin_client)
+    read_ready = [q["sql"] for q in queries.captured_queries if "'READY'" in q["sql"]]
+    row = {r["queue"]: r for r in response.context["queues"]}["default"]
+    assert {name: count.count for name, count in row["counts"].items()} == dict.fromkeys(
+        ("due", "blocked", "held", "retrying", "scheduled"), 1
+    )
+    assert row["oldest"].startswith("2 min")  # the blocked task waited 20 min
+    links = {cell["reason"]: cell["url"] for cell in row["waiting"]}
+    for reason, expected in (
+        ("due", due),
+        ("blocked", blocked),
+        ("held", held),
+        ("retrying", retrying),
+        ("scheduled", scheduled),
+    ):
+        listing = admin_client.get(links[reason])
+        assert listing.status_code == 200, reason
+        shown = [str(r.pk) for r in listing.context["cl"].result_list]
+        assert shown == [str(expected.pk)], reason
+    page = admin_client.get(links["blocked"]).content.decode()
+    assert f"behind {str(blocked.pk)[:8]}" not in page  # it waits behind the running task
+    assert "blocked by its ordering key behind" in page
+    # The counts read READY rows with a LIMIT, never a whole scan. (The circuits' held
+    # counts read only tasks with a breaker key, through dtp_task_breaker_idx.)
+    assert read_ready
+    unbounded = [
+        sql
+        for sql in read_ready
+        if "LIMIT" not in sql.upper()
+        and "min(queue_name)" not in sql
+        and '"breaker_key" IS NOT NULL' not in sql
+    ]
+    assert not unbounded, unbounded
 
 
 def test_the_app_index_links_the_overview(admin_client):

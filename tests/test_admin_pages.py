@@ -37,6 +37,8 @@ ACTION_PERMS = (
     "redrive_taskrecord",
     "cancel_taskrecord",
     "discard_taskrecord",
+    "run_now_taskrecord",
+    "delete_taskrecord",
     "change_breakerrecord",
 )
 TASKS = "admin:django_tasks_plus_taskrecord_"
@@ -222,7 +224,8 @@ def test_a_dead_task_page_shows_each_attempt_and_redrive_keeps_the_history(
     assert len(row.errors) == 3  # history kept
     assert run_worker("--burst").returncode == 0
     listing = admin_client.get(url("taskrecord_changelist")).content.decode()
-    assert ">3 / 6</span>" in listing  # this run / in total
+    # This run's attempts against the budget, and the total across both runs.
+    assert ">3 / 3</span>" in listing and "(6 in total)" in listing
     page = admin_client.get(url("taskrecord_change", dead.id)).content.decode()
     assert page.count('<tr class="dtp-traceback-row">') == 6
     assert "<td>2 / 1</td>" in page  # the second run's first attempt
@@ -427,6 +430,10 @@ def test_breakers_page_shows_state_held_tasks_and_corrupt_rows(admin_client):
     assert "breaker_key=http%2Fapi.example.com" in page  # the held tasks, linked
     detail = admin_client.get(url("breakerrecord_change", row.pk)).content.decode()
     assert "dtp-badge-open" in detail
+    # When the open circuit lets a task probe: a recovery delay after it opened.
+    status = next(s for s in circuits.breaker_states() if s.key == row.key)
+    assert status.probe_at is not None and status.probe_at > row.opened_at
+    assert "next probe" in detail and status.probe_at.isoformat() in detail
     held = TaskRecord.objects.get()
     task_page = admin_client.get(url("taskrecord_change", held.pk)).content.decode()
     assert "held by breaker" in task_page and url("breakerrecord_change", row.pk) in task_page

@@ -53,12 +53,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "durations",
             "metadata",
             "liveness",
+            "waiting",
             "extensions",
             "schedules.timing",
             "schedules.errors",
         ),
     ),
-    ("foundation", ("compat", "exceptions", "timebounds")),
+    ("foundation", ("compat", "exceptions", "timebounds", "registries")),
 ]
 PURE = "pure"
 MIGRATIONS = f"{PACKAGE}.migrations"
@@ -288,6 +289,8 @@ FEATURES = (
     "db.breakers",
     "db.metrics",
     "worker.metrics_flusher",
+    "worker.pruner",
+    "db.retention",
     "schedules",
     "worker.scheduler",
 )

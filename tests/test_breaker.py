@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -24,6 +25,7 @@ from django_tasks_plus.breaker import (
     decide,
     failures_text,
     force,
+    next_probe,
     parse_circuit,
     prune,
     record_failure,
@@ -1005,3 +1007,23 @@ def test_a_walk_through_a_dead_probe_and_a_held_ttl_drop():
     clock += MINUTE
     decision, _ = decide(guard, circuit, now=clock, task_id="c", held_since=clock - 3 * MINUTE)
     assert decision == Drop(clock - 3 * MINUTE)
+
+
+# -- when the next probe comes ------------------------------------------------------------------
+
+
+def test_an_open_circuit_probes_a_recovery_delay_after_it_opened():
+    recovery = timedelta(minutes=30)
+    assert next_probe(open_circuit(NOW), recovery) == NOW + recovery
+    # Without the breaker loaded here: the time the workers parked its tasks until.
+    parked = replace(open_circuit(NOW), parked_until=NOW + recovery)
+    assert next_probe(parked, None) == NOW + recovery
+    stale = replace(open_circuit(NOW), parked_until=NOW - MINUTE)  # parked before it reopened
+    assert next_probe(stale, None) is None
+
+
+def test_a_half_open_circuit_probes_again_if_its_probe_stays_silent_and_a_closed_one_never():
+    recovery = timedelta(minutes=10)
+    assert next_probe(half_open(started=NOW), recovery) == NOW + recovery
+    assert next_probe(half_open(started=NOW), None) is None
+    assert next_probe(CLOSED, recovery) is None

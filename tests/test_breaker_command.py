@@ -24,6 +24,7 @@ from django_tasks_plus import (
     compat,
     task,
 )
+from django_tasks_plus.breaker import declared_recovery
 from django_tasks_plus.circuits import BreakerStatus, breaker_states, force_close, force_open
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import BreakerRecord, TaskRecord
@@ -56,6 +57,7 @@ JSON_FIELDS = {
     "opened_at",
     "probe_task_id",
     "probe_started_at",
+    "probe_at",
     "held",
     "updated_at",
     "problem",
@@ -115,14 +117,20 @@ def test_list_shows_an_opened_circuit():
         "AT",
         "PROBE",
         "TASK",
+        "NEXT",
+        "PROBE",
         "HELD",
         "UPDATED",
     ]
     cells = row.split()
     opened = status.opened_at.isoformat(sep=" ", timespec="seconds")
+    probe = "-" if status.probe_at is None else status.probe_at.isoformat(" ", "seconds")
     updated = status.updated_at.isoformat(sep=" ", timespec="seconds")
-    # no failure yet; opened at (date and time); no probe; nothing held; updated
-    assert cells == ["default", HOST, "open", "0", "-", *opened.split(), "-", "0", *updated.split()]
+    # no failure yet; opened at (date and time); no probe; when one may; nothing held; updated
+    assert cells == [
+        *("default", HOST, "open", "0", "-", *opened.split(), "-"),
+        *(*probe.split(), "0", *updated.split()),
+    ]
 
 
 def test_json_has_every_field_with_iso_times():
@@ -146,6 +154,13 @@ def test_json_has_every_field_with_iso_times():
         assert opened.tzinfo is not None and updated.tzinfo is not None
         assert abs(timezone.now() - opened) < timedelta(minutes=1)
     assert [item["held"] for item in listed] == [0, 1]
+    # A "webhooks" breaker is loaded here: its probe is due a recovery delay after opening
+    # (the last loaded breaker's of that name: other test modules declare one too).
+    webhooks = listed[1]
+    probe_at = timezone.datetime.fromisoformat(webhooks["probe_at"])
+    recovery = declared_recovery("webhooks")
+    assert recovery is not None
+    assert probe_at == timezone.datetime.fromisoformat(webhooks["opened_at"]) + recovery
 
 
 def test_list_refuses_a_key():

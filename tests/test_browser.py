@@ -3,13 +3,14 @@ a live server and a real ``runtasks`` worker.
 
 Two walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
 just present in the markup), opens a dead task, redrives it and watches it succeed, and
-opens the workers and breakers pages. Then every admin page of the app, with a task in
-each state the docs describe, is opened at 1280 px with Django's sidebar open and at
-390 px (a phone), in the light and the dark scheme, and held to layout rules: no page
-wider than the screen, no list column cut off by the list's scrolling box, rows a few
-lines tall with task paths on one line, chart text of at least 10 px, breadcrumbs on
-their bar and object tools that do not overlap. One test walks them all (one login, one
-seeded database) so the matrix costs seconds, not a test per page.
+opens the workers, breakers and schedules pages (the schedules list at 1280 and 390 px,
+light and dark, with name, next and last run on screen). Then every admin page of the
+app, with a task in each state the docs describe, is opened at 1280 px with Django's
+sidebar open and at 390 px (a phone), in the light and the dark scheme, and held to
+layout rules: no page wider than the screen, no list column cut off by the list's
+scrolling box, rows a few lines tall with task paths on one line, chart text of at least
+10 px, breadcrumbs on their bar and object tools that do not overlap. One test walks them
+all (one login, one seeded database) so the matrix costs seconds, not a test per page.
 
 Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir; the
 layout walk saves one per page, size and scheme only with ``DTP_LAYOUT_SHOTS=1``);
@@ -37,6 +38,7 @@ from django_tasks_plus import circuits, metrics
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.metrics.catalog import BUCKET_NAMES, sum_name
 from django_tasks_plus.models import MetricRecord, TaskRecord
+from django_tasks_plus.schedules import Every, api
 from tests import tasks
 from tests.conftest import wait_for
 
@@ -159,6 +161,11 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     assert TaskRecord.objects.get(pk=dead.id).status == TaskResultStatus.FAILED
     metrics.flush()
     circuits.force_open("api.example.com", name="http")
+    # Two schedules that do not fire during the test: one run now (a last run to show),
+    # one paused.
+    api.create("nightly-report", "tests.tasks.add", "0 3 * * *", args=[1, 2])
+    api.run_now("nightly-report")
+    api.create("heartbeat", "tests.tasks.add", Every(seconds=30), args=[0, 0], paused=True)
     start_worker("--queue", "default", "--concurrency", "2")
     base = live_server.url
 
@@ -184,6 +191,7 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     unit = page.locator("#dtp-chart-hour text.dtp-chart-unit")
     assert unit.text_content() == "attempts / minute"
     assert "open" in page.locator("#dtp-breakers").inner_text()
+    assert "1 + 1 paused" in page.locator("#dtp-schedules-card").inner_text()
     page.screenshot(path=shots / "admin-overview.png", full_page=True)
 
     # The dead task, from the dead letters.
@@ -216,6 +224,33 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     page.wait_for_selector("#result_list")
     assert "api.example.com" in page.locator("#result_list").inner_text()
     page.screenshot(path=shots / "admin-breakers.png")
+
+    # Schedules: on a wide screen with the sidebar open and on a phone, light and dark,
+    # the page never scrolls sideways and name, next and last run are on screen.
+    for width, scheme in ((1280, "light"), (1280, "dark"), (390, "light"), (390, "dark")):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.emulate_media(color_scheme=scheme)
+        page.goto(f"{base}{ADMIN}schedulerecord/")
+        page.wait_for_selector("#result_list")
+        view = f"{width} px, {scheme}"
+        if width >= 1024:
+            assert page.locator("#nav-sidebar").is_visible(), view
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert (background == "rgb(255, 255, 255)") == (scheme == "light"), (view, background)
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, (view, overflow)
+        for column in ("name", "next_occurrence", "last_run"):
+            box = page.locator(f"#result_list th.column-{column}").bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (
+                view,
+                column,
+                box,
+            )
+        last_run = page.locator("#result_list td.field-last_run .dtp-badge")
+        assert last_run.count() == 1 and last_run.is_visible(), view
+        page.screenshot(path=shots / f"admin-schedules-{width}-{scheme}.png", full_page=True)
 
     for name in ("admin-overview.png", "admin-task-dead.png", "admin-task-redriven.png"):
         assert (shots / name).stat().st_size > 10_000

@@ -74,8 +74,8 @@ def _heartbeat_at(worker_id: str):  # type: ignore[no-untyped-def]
 def test_task_sessions_never_carry_the_worker_s_timeouts_behind_a_pool(
     start_worker, markers, monkeypatch
 ):
-    """The heartbeat's statements fail on a locked row (its lock timeout), so it closes
-    its session; meanwhile a task keeps taking sessions from the pool. With the worker's
+    """The heartbeat's statements fail on a locked row (its lock timeout); meanwhile a
+    task keeps taking sessions from the pool. With the worker's
     bounds on pooled sessions, the task got the heartbeat's session, timeouts and all
     (and a 4 s query of a task failed on the worker's 3 s statement timeout)."""
     monkeypatch.setenv("DTP_DB_POOL", "true")
@@ -89,6 +89,10 @@ def test_task_sessions_never_carry_the_worker_s_timeouts_behind_a_pool(
         wait_for(lambda: "Heartbeat failed" in worker_log(markers))
     beaten_before = _heartbeat_at("pooled")
     wait_for(lambda: _heartbeat_at("pooled") > beaten_before)  # a session taken again
+    # The failed statements cost no session: the leader's lock, on the session the
+    # heartbeat shares, was kept throughout.
+    assert "is now the leader" in worker_log(markers)
+    assert "is no longer the leader" not in worker_log(markers)
     (markers / "stop").touch()
 
     wait_for(lambda: _finished(cycling))
@@ -250,7 +254,6 @@ def test_the_installation_docs_give_each_worker_s_session_count(start_worker):
     for worker in ("count-leader", "count-follower"):
         wait_for(lambda worker=worker: _heartbeat_at(worker) > registered[worker])
         wait_for(lambda worker=worker: _ran(worker, "LISTEN"))
-    wait_for(lambda: _ran("count-follower", "pg_try_advisory_lock"))  # the leader's bid won
     wait_for(lambda: not WorkerRecord.objects.filter(worker_id="count-dead").exists())
     wait_for(lambda: not MetricRecord.objects.filter(task_path="old").exists())
     # Both processes' flushers wrote their task's outcome.
@@ -260,7 +263,33 @@ def test_the_installation_docs_give_each_worker_s_session_count(start_worker):
     assert _sessions("count-follower") == follower_count
     assert _sessions("count-leader") == leader_count
 
+    # The leader's lock sits on one of its sessions (named after its worker id).
+    assert current_leader("default", "default") == "count-leader"
+
     # A task whose code queries: its thread keeps one session more.
     querying = tasks.session_timeouts.using(queue_name="other").enqueue()
     wait_for(lambda: _succeeded(querying))
     assert _sessions("count-follower") == follower_count + 1
+
+
+def test_behind_a_pool_task_threads_share_its_sessions(start_worker):
+    """With Django's pool (``max_size`` 2), eight task threads that all query hold at most
+    the pool's two sessions between them, handing each back after its attempt: the
+    worker's sessions stay the bookkeeping ones plus the pool's, however many threads."""
+    start_worker(
+        "--visibility-timeout", "3", "--concurrency", "8", "--worker-id", "pool-of-two",
+        env={
+            "DJANGO_SETTINGS_MODULE": "tests.settings_variants",
+            "DTP_SETTINGS_VARIANT": "pool-of-two",
+            "PGAPPNAME": "pool-of-two",
+        },
+    )  # fmt: skip
+    follower_count, _, _ = _documented_counts()
+    wait_for(lambda: _ran("pool-of-two", "LISTEN"))
+    busy = [tasks.sleeps_in_database.enqueue(0.3) for _ in range(16)]
+    seen = 0
+    while not all(_succeeded(result) for result in busy):
+        seen = max(seen, _sessions("pool-of-two"))
+    assert all(_succeeded(result) for result in busy)
+    assert follower_count < seen <= follower_count + 2
+    assert _sessions("pool-of-two") <= follower_count + 2

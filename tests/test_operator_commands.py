@@ -1,4 +1,5 @@
-"""Operator commands (``redrivetasks``, ``canceltasks``) and the worker's per-outcome log.
+"""Operator commands (``redrivetasks``, ``canceltasks``, ``runnow``) and the worker's
+per-outcome log.
 
 Dead letters come from real ``runtasks --burst`` runs; the commands run in-process with
 ``call_command`` (the prompt, through a real pseudo-terminal, in a subprocess).
@@ -282,6 +283,33 @@ def test_cancel_asks_a_running_task_to_stop(start_worker, tmp_path: Path):
             f"Task {running.id} tests.tasks.waits_for_cancel dead-lettered" in worker_log(tmp_path)
         )
     )
+
+
+# -- runnow -------------------------------------------------------------------------------
+
+
+def test_run_now_makes_waiting_tasks_due_and_the_worker_runs_them(run_worker):
+    """A retry an hour away and a scheduled task run now; a due task and one a worker
+    claimed are skipped, saying why."""
+    later = timezone.now() + timedelta(hours=1)
+    retrying = tasks.add.enqueue(1, 2).id
+    TaskRecord.objects.filter(pk=retrying).update(attempt=1, run_after=later)
+    scheduled = tasks.add.using(run_after=later).enqueue(3, 4).id
+    due = tasks.add.enqueue(5, 6).id
+    out = command("runnow", "--queue", "default", dry_run=True)
+    assert out.startswith("Would run now 3 tasks")
+    assert row(retrying).run_after == later  # a dry run changes nothing
+    out = command("runnow", retrying, scheduled, due)
+    assert out.strip() == (
+        f"Made 2 waiting tasks due now. Skipped 1 not waiting for their time: {due} (not waiting)."
+    )
+    assert all(row(i).run_after <= timezone.now() for i in (retrying, scheduled))
+    assert run_worker("--burst", "-v", "0").returncode == 0
+    assert {row(i).status for i in (retrying, scheduled, due)} == {"SUCCESSFUL"}
+    claimed = tasks.add.using(run_after=later).enqueue(7, 8).id
+    TaskRecord.objects.filter(pk=claimed).update(status="RUNNING")
+    with pytest.raises(CommandError, match=rf"Skipped 1 .*: {claimed} \(RUNNING\)"):
+        command("runnow", claimed)
 
 
 def test_durations_read_naturally():

@@ -86,15 +86,15 @@ def test_a_service_a_task_definition_asks_for_runs_on_every_worker_of_its_backen
 
 
 def test_the_features_services_come_from_the_same_factories():
-    """The metrics flusher and the pruners are plugged in, not listed by the engine; with
+    """The metrics flusher and the pruner are plugged in, not listed by the engine; with
     metrics off the metrics factory builds nothing."""
     worker = Worker(WorkerConfig.from_settings("default", burst=True))
     names = [service.name for service in worker.services.services]
-    assert {"tasks-metrics-flusher", "tasks-metrics-pruner", "tasks-worker-pruner"} <= set(names)
+    assert {"tasks-metrics-flusher", "tasks-pruner"} <= set(names)
     with override_settings(TASKS=_tasks(METRICS={"ENABLED": False})):
         worker = Worker(WorkerConfig.from_settings("default", burst=True))
     names = [service.name for service in worker.services.services]
-    assert "tasks-metrics-flusher" not in names and "tasks-worker-pruner" in names
+    assert "tasks-metrics-flusher" not in names and "tasks-pruner" in names
 
 
 def test_bad_service_factories_are_refused_with_a_typed_error():

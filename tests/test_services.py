@@ -250,10 +250,9 @@ def test_leader_election_threads_are_per_worker_and_stop_with_it():
     names = [service.name for service in worker.services.services]
     # The plugged-in services come first so that they stop last: the metrics flusher's
     # final flush follows the reporter's last batch (docs/metrics.md).
-    assert names[:6] == [
+    assert names[:5] == [
         "tasks-metrics-flusher",
-        "tasks-metrics-pruner",
-        "tasks-worker-pruner",
+        "tasks-pruner",
         "tasks-scheduler",
         "tasks-reporter",
         "tasks-heartbeat",

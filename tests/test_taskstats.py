@@ -9,16 +9,15 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_tasks_plus import metrics
-from django_tasks_plus.metrics.aggregate import AGGREGATOR
+from django_tasks_plus.metrics.aggregate import aggregator
 from tests import tasks
 from tests.conftest import wait_for
 
 
 @pytest.fixture(autouse=True)
 def fresh_aggregator():
-    AGGREGATOR.take()
     yield
-    AGGREGATOR.take()
+    aggregator().reset()
 
 
 def _run(*args: str) -> str:
@@ -52,9 +51,12 @@ def test_taskstats_text_and_json_after_a_real_worker(run_worker, start_worker):
     assert "Backend 'default' at " in text
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("QUEUE"))
-    assert header.split()[:6] == ["QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST"]
+    assert header.split()[:9] == [
+        *("QUEUE", "READY", "BLOCKED", "HELD", "RETRYING", "SCHEDULED"),
+        *("RUNNING", "DEAD", "OLDEST"),
+    ]
     default_row = next(line for line in lines if line.startswith("default "))
-    assert default_row.split()[1:5] == ["0", "0", "0", "1"]
+    assert default_row.split()[1:8] == ["0", "0", "0", "0", "0", "0", "1"]
     assert "Dead  1 task(s) FAILED" in text
     assert "Workers: 0 alive, 0 stale" in text
     assert any(line.startswith("Run   p50 ") and "ms" in line for line in lines)
@@ -63,6 +65,39 @@ def test_taskstats_text_and_json_after_a_real_worker(run_worker, start_worker):
     start_worker("--queue", "slow")
     wait_for(lambda: json.loads(_run("--json"))["workers"]["alive"] == 1, timeout=60)
     assert "Workers: 1 alive, 0 stale" in _run()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_taskstats_says_what_ready_tasks_wait_for():
+    """A task blocked by its ordering key is counted as blocked, and the oldest READY
+    age is that of a task that could run now (due, not held, not blocked)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_tasks_plus.compat import TaskResultStatus
+    from django_tasks_plus.models import TaskRecord
+
+    now = timezone.now()
+    for minutes, key, columns in (
+        (30, "acct", {"status": TaskResultStatus.RUNNING}),
+        (20, "acct", {}),
+        (2, None, {}),
+        (-5, None, {"attempt": 1, "held_since": now, "breaker_key": "http/api"}),
+        (-5, None, {"attempt": 2}),
+        (-60, None, {}),
+    ):
+        using = {"queue_name": "emails", **({"ordering_key": key} if key else {})}
+        result = tasks.add.using(**using).enqueue(1, 1)
+        run_after = now - timedelta(minutes=minutes)
+        TaskRecord.objects.filter(pk=result.id).update(run_after=run_after, **columns)
+    emails = {q["queue"]: q for q in json.loads(_run("--json"))["queues"]}["emails"]
+    counts = {name: emails[name] for name in ("ready", "blocked", "held", "retrying")}
+    assert counts == dict.fromkeys(counts, 1) and emails["scheduled"] == 1
+    assert (emails["running"], emails["at_least"]) == (1, [])
+    assert 110 < emails["oldest_ready_age"] < 200  # 2 min: not the blocked task's 20
+    row = next(line for line in _run().splitlines() if line.startswith("emails "))
+    assert row.split()[1:8] == ["1", "1", "1", "1", "1", "1", "0"]
 
 
 @pytest.mark.django_db(transaction=True)

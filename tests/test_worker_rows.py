@@ -13,10 +13,10 @@ from django.test import Client
 from django.utils import timezone
 
 from django_tasks_plus import metrics
-from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.compat import TaskResultStatus, task_backends
 from django_tasks_plus.db.leadership import current_leader
 from django_tasks_plus.models import TaskRecord, WorkerRecord
-from django_tasks_plus.worker.heartbeat import WorkerPruner
+from django_tasks_plus.worker.pruner import Pruner
 from tests import tasks
 from tests.conftest import wait_for, worker_log
 
@@ -54,7 +54,8 @@ def test_each_row_is_judged_by_its_own_workers_visibility_timeout(admin_client: 
     assert "STALE" in page.split("hasty</a>")[1].split("</tr>")[0]
 
     # A leader with a 30 s timeout forgets rows silent for 10 of *their* timeouts.
-    WorkerPruner("default", clock=timezone.now, visibility_timeout=30).tick()
+    settings = task_backends["default"].settings
+    Pruner(settings, clock=timezone.now, bound_seconds=30, sweeps=[]).tick()
     connection.close()  # the pruner bounded this session's statements as a worker's
     assert set(WorkerRecord.objects.values_list("worker_id", flat=True)) == {"patient", "hasty"}
 

@@ -1,5 +1,6 @@
-"""The operator's actions on tasks (redrive, cancel, release the ordering key), applied
-row by row through the backend, and recorded in the admin log under the acting user.
+"""The operator's actions on tasks (redrive, cancel, release the ordering key, run now,
+delete), applied row by row through the backend, and recorded in the admin log under the
+acting user.
 
 The same code serves the change-list actions, the buttons of a task's page and "all
 matching the current filter": each row goes through ``operations.redrive`` (or
@@ -24,11 +25,29 @@ from ..models import TaskRecord
 from .base import log_change
 
 BATCH = 500
-LOADED = ("id", "backend_name", "task_path", "status", "queue_name")
+LOADED = ("id", "backend_name", "task_path", "status", "queue_name", "attempt", "held_since")
 
 
-def _cancel(task_id: str, *, backend: str) -> bool:
+def _cancel(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
     return operations.cancel(task_id, backend=backend).outcome != "already_finished"
+
+
+def _redrive(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
+    return operations.redrive(task_id, backend=backend)
+
+
+def _discard(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
+    return operations.discard(task_id, backend=backend)
+
+
+def _run_now(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
+    """Guarded by the attempt count the row had when read: a task a worker claimed (and
+    perhaps rescheduled) since is in another wait, and is left to it."""
+    return operations.run_now(task_id, backend=backend, attempt=seen.attempt)
+
+
+def _delete(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
+    return operations.delete(task_id, backend=backend)
 
 
 def _left_alone(done: int, skipped: int, one: str, many: str) -> str:
@@ -42,10 +61,11 @@ class Operation:
     name: str
     codename: str  # the permission, in this app
     verb: str  # for the admin log: "Redriven from the admin."
-    run: Callable[..., bool]  # (task id, *, backend) -> whether the row changed
+    run: Callable[..., bool]  # (task id, *, backend, seen row) -> whether the row changed
     statuses: tuple[str, ...]  # the rows it can change
     done: tuple[str, str]  # ngettext pair
     skipped: tuple[str, str]
+    deletes: bool = False  # logged as deletions
 
     def summary(self, done: int, skipped: int) -> str:
         return ngettext(*self.done, done) % done + _left_alone(done, skipped, *self.skipped)
@@ -58,7 +78,7 @@ REDRIVE = Operation(
     "redrive",
     "redrive_taskrecord",
     "Redriven",
-    operations.redrive,
+    _redrive,
     (TaskResultStatus.FAILED,),
     ("%d task redriven.", "%d tasks redriven."),
     (
@@ -79,12 +99,35 @@ DISCARD = Operation(
     "discard",
     "discard_taskrecord",
     "Discarded",
-    operations.discard,
+    _discard,
     (TaskResultStatus.FAILED,),
     ("%d ordering key released.", "%d ordering keys released."),
     ("%d task blocked no key.", "%d tasks blocked no key."),
 )
-BY_NAME = {operation.name: operation for operation in (REDRIVE, CANCEL, DISCARD)}
+RUN_NOW = Operation(
+    "run-now",
+    "run_now_taskrecord",
+    "Made due now",
+    _run_now,
+    (TaskResultStatus.READY,),
+    ("%d waiting task made due now.", "%d waiting tasks made due now."),
+    (
+        "%d was not waiting for its time (already due, running or finished) and was left alone.",
+        "%d were not waiting for their time (already due, running or finished) and were "
+        "left alone.",
+    ),
+)
+DELETE = Operation(
+    "delete",
+    "delete_taskrecord",
+    "Deleted",
+    _delete,
+    (TaskResultStatus.READY, TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED),
+    ("%d task deleted.", "%d tasks deleted."),
+    ("%d was running (cancel it first) and was left.", "%d were running and were left."),
+    deletes=True,
+)
+BY_NAME = {operation.name: operation for operation in (REDRIVE, CANCEL, DISCARD, RUN_NOW, DELETE)}
 
 
 @dataclass
@@ -92,6 +135,7 @@ class Outcome:
     done: int = 0
     skipped: int = 0
     problems: list[str] | None = None
+    held: int = 0  # tasks made due now that a circuit breaker had held
 
 
 def apply(
@@ -104,20 +148,21 @@ def apply(
     message = f"{operation.verb} from the admin{note}."
     for record in records:
         try:
-            did = operation.run(str(record.pk), backend=record.backend_name)
+            did = operation.run(str(record.pk), backend=record.backend_name, seen=record)
         except (TasksPlusError, InvalidTaskBackend, TaskResultDoesNotExist) as exc:
             assert outcome.problems is not None
             outcome.problems.append(f"{record.pk}: {exc}")
             continue
         if did:
             outcome.done += 1
+            outcome.held += operation is RUN_NOW and record.held_since is not None
             changed.append(record)
             if len(changed) >= BATCH:
-                log_change(request, changed, message)
+                log_change(request, changed, message, deleted=operation.deletes)
                 changed = []
         else:
             outcome.skipped += 1
-    log_change(request, changed, message)
+    log_change(request, changed, message, deleted=operation.deletes)
     return outcome
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from django.contrib import admin
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.db.models import Model
 from django.http import HttpRequest
 
@@ -41,13 +41,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def log_change(request: HttpRequest, rows: Sequence[Model], message: str) -> None:
+def log_change(
+    request: HttpRequest, rows: Sequence[Model], message: str, *, deleted: bool = False
+) -> None:
     """One "changed" entry per row in the admin's history, for an action the operator took
-    (redrive, force close, pause, ...); nothing when no row changed."""
+    (redrive, force close, pause, ...), or a "deleted" one (``deleted``: the rows are
+    gone); nothing when no row changed."""
     if rows:
         LogEntry.objects.log_actions(
             user_id=cast(Any, request.user.pk),
             queryset=rows,
-            action_flag=CHANGE,
+            action_flag=DELETION if deleted else CHANGE,
             change_message=message,
         )

@@ -133,13 +133,23 @@ class BreakerRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("probe"))
     def probe(self, row: BreakerRecord) -> Any:
+        """The probe running (half-open), and when a task may next probe: an open
+        circuit's first probe, or the next one should the running probe stay silent."""
         status = _status(row)
-        if status is None or not status.probe_task_id:
+        if status is None:
             return html.EMPTY
+        running: Any = ""
+        if status.state == "half-open" and status.probe_task_id:
+            running = format_html(
+                "{} {}<br>",
+                html.task_link(status.probe_task_id),
+                html.moment(status.probe_started_at),
+            )
+        if status.probe_at is None:
+            return running or html.EMPTY
+        label = _("next probe if silent") if running else _("next probe")
         return format_html(
-            "{} {}",
-            html.task_link(status.probe_task_id),
-            html.moment(status.probe_started_at),
+            '{}<span class="dtp-note">{}</span> {}', running, label, html.moment(status.probe_at)
         )
 
     @admin.display(description=_("held tasks"))

@@ -21,6 +21,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import compat
 from ..selection import BadFilter, Parameter, id_prefix, parse_moment
+from ..waiting import LABELS, Reason
 
 PAGE_VAR = "p"
 
@@ -225,6 +226,42 @@ class QueueFilter(ChoicesFilter):
         return [(name, name) for name in sorted(names)]
 
 
+class WaitingFilter(admin.SimpleListFilter):
+    """READY tasks by what they wait for (``waiting.Reason``), read at the page's time:
+    due now, blocked by their ordering key, held by a breaker, retrying, scheduled."""
+
+    title = _("waiting for")
+    parameter_name = "waiting"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(reason.value, label) for reason, label in LABELS.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        from django.utils import timezone
+
+        from ..db.waiting import reason_condition
+
+        value = self.value()
+        if not value:
+            return queryset
+        try:
+            reason = Reason(value)
+        except ValueError as exc:  # the pages check first (task_list_parameters)
+            raise admin.options.IncorrectLookupParameters(f"waiting: {exc}") from exc
+        return queryset.filter(reason_condition(reason, timezone.now()))
+
+    def get_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:
+        from django.utils import timezone
+
+        from ..db.waiting import reason_condition
+
+        now = timezone.now()
+        return {
+            f"{index}__c": Count(pk_attname, filter=reason_condition(Reason(value), now))
+            for index, (value, _label) in enumerate(self.lookup_choices)
+        }
+
+
 # -- the query parameters of the task lists ---------------------------------------------------
 
 # Parameters that choose no rows: paging, ordering, facets, Django's error flag, popups.
@@ -242,6 +279,13 @@ def _status(value: str) -> str:
     return value
 
 
+def _reason(value: str) -> str:
+    if value not in {reason.value for reason in Reason}:
+        known = ", ".join(reason.value for reason in Reason)
+        raise BadFilter(f"{value!r} is not a waiting reason: use one of {known}.")
+    return value
+
+
 def _search(value: str) -> str:
     return id_prefix(value)
 
@@ -249,7 +293,9 @@ def _search(value: str) -> str:
 def task_list_parameters(*, dead_letters: bool) -> list[Parameter]:
     """What the task list (or the dead letters and their "all matching" pages) can
     apply: each filter's parameters, read as the filter reads them, and the search."""
-    found = [] if dead_letters else [Parameter("status__exact", _status)]
+    found = (
+        [] if dead_letters else [Parameter("status__exact", _status), Parameter("waiting", _reason)]
+    )
     found += [Parameter(name, _text) for name in ("queue_name", "backend_name")]
     for spec in (TaskPathFilter, OrderingKeyFilter, DedupKeyFilter, BreakerKeyFilter):
         found += [Parameter(name, _text) for name, _label, _kind in spec.inputs]

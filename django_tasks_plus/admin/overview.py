@@ -1,5 +1,6 @@
 """The overview page: what is waiting, running and dead per queue, throughput and failure
-rate, latency percentiles, workers and circuits, with server-rendered SVG charts.
+rate, latency percentiles, workers, circuits and schedules, with server-rendered SVG
+charts.
 
 Everything comes from the metrics read API (``metrics/queries.py``) and
 ``circuits.breaker_states``: gauges are counted from the task table by indexed queries,
@@ -16,6 +17,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -28,6 +30,9 @@ from django.utils.translation import gettext as _
 from .. import charts, circuits, metrics
 from ..metrics.aggregate import enabled_targets
 from ..metrics.catalog import BUCKETS
+from ..models import ScheduleRecord
+from ..operations import database_backend
+from ..waiting import LABELS, Capped, Reason
 from . import display
 from .filters import configured_backends
 
@@ -101,20 +106,34 @@ def build(
     """The page's numbers and charts for one backend, read now. ``filter_backend``: the
     links to the task list name the backend (when there are several)."""
     links = _Links(site, backend if filter_backend else None)
-    gauges = metrics.queue_gauges(backend, now=now)
+    queues = metrics.queue_waiting(backend, now=now)
     workers = metrics.workers(backend, now=now)
     circuits_open = [b for b in circuits.breaker_states(backend) if b.state != "closed"]
     context: dict[str, Any] = {
-        "queues": [_queue_row(gauge, links) for gauge in gauges],
+        "reasons": [
+            {"value": reason.value, "short": _(reason.value), "label": _(label)}
+            for reason, label in LABELS.items()
+        ],
+        "queues": [_queue_row(queue, links) for queue in queues],
         "queue_totals": {
-            name: sum(getattr(g, name) for g in gauges)
-            for name in ("ready", "scheduled", "running", "dead")
+            **{
+                reason.value: Capped(
+                    sum(q.waiting[reason].count for q in queues),
+                    any(q.waiting[reason].at_least for q in queues),
+                )
+                for reason in Reason
+            },
+            "running": sum(q.running for q in queues),
+            "dead": sum(q.dead for q in queues),
         },
         "workers_alive": sum(1 for w in workers if w.alive),
         "workers_stale": sum(1 for w in workers if not w.alive),
         "workers_url": reverse(f"{site}:django_tasks_plus_workerrecord_changelist"),
         "breakers": circuits_open,
         "breakers_url": reverse(f"{site}:django_tasks_plus_breakerrecord_changelist"),
+        "schedules": schedule_counts(backend),
+        "schedules_url": reverse(f"{site}:django_tasks_plus_schedulerecord_changelist")
+        + ("?" + urlencode({"backend_name": backend}) if filter_backend else ""),
         "metrics_enabled": backend in enabled_targets(),
     }
     if not context["metrics_enabled"]:
@@ -147,6 +166,20 @@ def build(
     return context
 
 
+def schedule_counts(backend: str) -> dict[str, int]:
+    """The backend's schedules in use (not removed from code or settings): how many fire
+    and how many are paused, in one query."""
+    database = database_backend(backend, needed_by="the overview").settings.database
+    return (
+        ScheduleRecord.objects.using(database)
+        .filter(backend_name=backend, enabled=True)
+        .aggregate(
+            active=Count("pk", filter=Q(paused=False)),
+            paused=Count("pk", filter=Q(paused=True)),
+        )
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Links:
     site: str
@@ -163,17 +196,27 @@ class _Links:
         return self._url("deadletters", {"queue_name": queue})
 
 
-def _queue_row(gauge: metrics.QueueGauge, links: _Links) -> dict[str, Any]:
+def _queue_row(queue: metrics.QueueWaiting, links: _Links) -> dict[str, Any]:
+    """One queue's row: its READY tasks per waiting reason (each a link to the list
+    filtered to them), RUNNING, dead, and the oldest age of a task that could run now."""
+    oldest = _seconds(queue.oldest_runnable_age)
     return {
-        "queue": gauge.queue,
-        "ready": gauge.ready,
-        "scheduled": gauge.scheduled,
-        "running": gauge.running,
-        "dead": gauge.dead,
-        "oldest": _seconds(gauge.oldest_ready_age),
-        "ready_url": links.tasks(queue_name=gauge.queue, status__exact="READY"),
-        "running_url": links.tasks(queue_name=gauge.queue, status__exact="RUNNING"),
-        "dead_url": links.dead(gauge.queue),
+        "queue": queue.queue,
+        "counts": {reason.value: queue.waiting[reason] for reason in Reason},
+        "waiting": [
+            {
+                "reason": reason.value,
+                "count": queue.waiting[reason],
+                "url": links.tasks(queue_name=queue.queue, waiting=reason.value),
+            }
+            for reason in LABELS
+        ],
+        "running": queue.running,
+        "dead": queue.dead,
+        "oldest": oldest if queue.oldest_exact or oldest == EMPTY else f"≥ {oldest}",
+        "ready_url": links.tasks(queue_name=queue.queue, status__exact="READY"),
+        "running_url": links.tasks(queue_name=queue.queue, status__exact="RUNNING"),
+        "dead_url": links.dead(queue.queue),
     }
 
 

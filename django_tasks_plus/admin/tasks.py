@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet, TextField
+from django.db.models import Case, QuerySet, TextField, When
 from django.db.models.functions import Cast
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -24,11 +24,14 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
+from .. import compat
 from ..breaker import split_scoped_key
 from ..compat import TaskResultStatus
+from ..db.waiting import blocker_id
 from ..models import BreakerRecord, TaskRecord
 from ..selection import BadFilter, check_parameters, id_prefix, with_id_prefix
 from ..stored import error_list
+from ..waiting import Waiting, max_attempts_of, waiting_reason
 from . import actions as ops
 from . import display, html, overview
 from .base import ReadOnlyAdmin
@@ -42,6 +45,7 @@ from .filters import (
     OrderingKeyFilter,
     QueueFilter,
     TaskPathFilter,
+    WaitingFilter,
     WorkerFilter,
     task_list_parameters,
 )
@@ -53,6 +57,24 @@ DEAD_LETTERS = "django_tasks_plus_taskrecord_deadletters"
 CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
 BAD_FILTER_TEMPLATE = "admin/django_tasks_plus/taskrecord/bad_filter.html"
 NO_FILTER = "no filter"  # what describe_filter() says of a page without one
+MATCHING = "django_tasks_plus_taskrecord_matching"
+LIST_MATCHING = "django_tasks_plus_taskrecord_list_matching"
+HELD_WARNING = _(
+    "A circuit breaker holds this task: run now makes it due, but while its circuit is "
+    "open the worker's breaker holds it again at its claim. Close the circuit first to "
+    "make it run."
+)
+# "All matching" on each list: what it may do to every task its filter matches.
+DEAD_MATCHING = (
+    (ops.REDRIVE, _("Redrive all matching…")),
+    (ops.DISCARD, _("Release keys of all matching…")),
+    (ops.DELETE, _("Delete all matching…")),
+)
+TASK_MATCHING = (
+    (ops.RUN_NOW, _("Run all matching now…")),
+    (ops.CANCEL, _("Cancel all matching…")),
+    (ops.DELETE, _("Delete all matching…")),
+)
 
 
 def _errors(record: TaskRecord) -> tuple[Any, ...]:
@@ -65,6 +87,47 @@ def _errors(record: TaskRecord) -> tuple[Any, ...]:
         cached = error_list(raw) if raw is not None else ()
         record._dtp_errors = cached  # type: ignore[attr-defined]
     return cached
+
+
+def max_attempts(record: TaskRecord) -> int | None:
+    """The retry budget of the task's policy (its own, else the backend's), when the
+    policy states one and the task can be resolved here; None otherwise."""
+    from ..backend import DatabaseBackend
+    from ..definition import resolve_task
+
+    try:
+        backend = compat.task_backends[record.backend_name]
+        task = resolve_task(record.task_path)
+    except Exception:  # a backend no longer configured, a task no longer defined
+        return None
+    if not isinstance(backend, DatabaseBackend):
+        return None
+    return max_attempts_of(backend.retry_policy_for(task))
+
+
+def waiting_of(record: TaskRecord, now: datetime) -> Waiting | None:
+    """Why the READY ``record`` waits; its blocker comes from the list's annotation,
+    else one query (the task's page)."""
+    if record.status != TaskResultStatus.READY:
+        return None
+    if hasattr(record, "blocker"):
+        blocker = record.blocker
+    else:
+        blocker = None
+        if record.ordering_key is not None and record.run_after <= now:
+            found = blocker_of(record)
+            blocker = found.pk if found is not None else None
+    budget = max_attempts(record) if record.attempt else None
+    return waiting_reason(
+        status=record.status,
+        run_after=record.run_after,
+        attempt=record.attempt,
+        held_since=record.held_since,
+        breaker_key=record.breaker_key,
+        blocker_id=str(blocker) if blocker is not None else None,
+        now=now,
+        max_attempts=budget,
+    )
 
 
 def _is_dead_view(request: HttpRequest) -> bool:
@@ -99,6 +162,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     list_display_links = ("short_id",)
     list_filter = (
         "status",
+        WaitingFilter,
         QueueFilter,
         TaskPathFilter,
         OrderingKeyFilter,
@@ -115,7 +179,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     list_per_page = 50
     paginator = EstimatedCountPaginator
     show_full_result_count = False  # COUNT(*) over a large queue is slow
-    actions = ("redrive_tasks", "cancel_tasks", "discard_tasks")
+    actions = ("redrive_tasks", "cancel_tasks", "discard_tasks", "run_now_tasks", "delete_tasks")
 
     # -- the lists ------------------------------------------------------------------------
 
@@ -131,6 +195,17 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if listing or _is_dead_view(request):
             queryset = queryset.defer(*_JSON_COLUMNS).annotate(
                 errors_text=Cast("errors", TextField())
+            )
+        if listing and not _is_dead_view(request):
+            # What a due READY task waits behind in its ordering key: one probe of the
+            # ordering index per row shown, none for other rows.
+            queryset = queryset.annotate(
+                blocker=Case(
+                    When(
+                        status=TaskResultStatus.READY, ordering_key__isnull=False, then=blocker_id()
+                    ),
+                    default=None,
+                )
             )
         if _is_dead_view(request):
             queryset = queryset.filter(status=TaskResultStatus.FAILED)
@@ -193,6 +268,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         context = {
             "dead_letters_url": reverse("admin:" + DEAD_LETTERS),
             "dead_letters": _is_dead_view(request),
+            "matching_links": self._matching_links(request, LIST_MATCHING, TASK_MATCHING),
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
@@ -221,16 +297,21 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("attempts"), ordering="attempt")
     def attempts(self, record: TaskRecord) -> Any:
-        """This run's attempts, and the total across redrives when they differ."""
+        """This run's attempts against the task's retry budget ("3 / 5"), and the total
+        across redrives when it differs."""
         total = display.total_attempts(record.status, record.attempt, _errors(record))
-        if total == record.attempt:
-            return str(record.attempt)
-        return format_html(
-            '<span title="{}">{} / {}</span>',
-            _("this run / in total (redriven)"),
-            record.attempt,
-            total,
-        )
+        budget = max_attempts(record)
+        shown = f"{record.attempt} / {budget}" if budget else str(record.attempt)
+        title = _("attempts / most attempts") if budget else _("attempts")
+        if total != record.attempt:
+            return format_html(
+                '<span title="{}">{}</span> <span class="dtp-note">({} {})</span>',
+                _("this run; the total counts every run (redriven)"),
+                shown,
+                total,
+                _("in total"),
+            )
+        return format_html('<span title="{}">{}</span>', title, shown)
 
     @admin.display(description=_("enqueued"), ordering="enqueued_at")
     def enqueued(self, record: TaskRecord) -> Any:
@@ -262,6 +343,9 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     @staticmethod
     def _note(record: TaskRecord, now: datetime) -> str:
+        waiting = waiting_of(record, now)
+        if waiting is not None:
+            return waiting.describe(now)
         return display.waiting_note(
             record.status,
             attempt=record.attempt,
@@ -467,9 +551,20 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                     record.status in (TaskResultStatus.READY, TaskResultStatus.RUNNING),
                 ),
                 (ops.DISCARD, _("Release ordering key"), record.ordering_blocked),
+                (
+                    ops.RUN_NOW,
+                    _("Run now"),
+                    record.status == TaskResultStatus.READY and record.run_after > now,
+                ),
+                (ops.DELETE, _("Delete task"), record.status != TaskResultStatus.RUNNING),
             )
             if applies and operation.allowed(request)
         ]
+        held = (
+            record.status == TaskResultStatus.READY
+            and record.held_since is not None
+            and record.run_after > now
+        )
         release = None
         if blocker is not None and blocker.ordering_blocked and ops.DISCARD.allowed(request):
             release = reverse(
@@ -497,6 +592,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                 else None
             ),
             "task_buttons": buttons,
+            "run_now_warning": HELD_WARNING if held and ops.RUN_NOW.allowed(request) else None,
         }
 
     # -- actions --------------------------------------------------------------------------
@@ -509,6 +605,14 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     def has_discard_permission(self, request: HttpRequest) -> bool:
         return ops.DISCARD.allowed(request)
+
+    def has_run_now_permission(self, request: HttpRequest) -> bool:
+        return ops.RUN_NOW.allowed(request)
+
+    def has_remove_permission(self, request: HttpRequest) -> bool:
+        """Deleting rows through our action (``delete_taskrecord``); Django's own delete
+        pages stay off (``has_delete_permission``)."""
+        return ops.DELETE.allowed(request)
 
     @admin.action(description=_("Redrive selected dead-lettered tasks"), permissions=["redrive"])
     def redrive_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
@@ -525,6 +629,17 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     def discard_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
         self._apply(request, ops.DISCARD, queryset)
 
+    @admin.action(
+        description=_("Run selected waiting tasks now (retries, scheduled, held)"),
+        permissions=["run_now"],
+    )
+    def run_now_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.RUN_NOW, queryset)
+
+    @admin.action(description=_("Delete selected tasks (not running ones)"), permissions=["remove"])
+    def delete_tasks(self, request: HttpRequest, queryset: QuerySet[TaskRecord]) -> None:
+        self._apply(request, ops.DELETE, queryset)
+
     def _apply(
         self,
         request: HttpRequest,
@@ -538,6 +653,16 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         self.message_user(
             request, operation.summary(outcome.done, outcome.skipped), messages.SUCCESS
         )
+        if outcome.held:
+            self.message_user(
+                request,
+                _(
+                    "%(count)d of them were held by a circuit breaker: while its circuit "
+                    "is open, the breaker holds them again when a worker claims them."
+                )
+                % {"count": outcome.held},
+                messages.WARNING,
+            )
 
     # -- extra pages ----------------------------------------------------------------------
 
@@ -550,7 +675,12 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             path(
                 "dead-letters/<str:operation>-matching/",
                 wrap(self.matching_view),
-                name="django_tasks_plus_taskrecord_matching",
+                name=MATCHING,
+            ),
+            path(
+                "matching/<str:operation>/",
+                wrap(self.list_matching_view),
+                name=LIST_MATCHING,
             ),
             path(
                 "<path:object_id>/act/<str:operation>/",
@@ -567,37 +697,48 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         """The FAILED tasks, newest first, with reason and last error; the list's own
         filters, search and actions, plus "all matching" redrive and release."""
         request._dtp_dead_letters = True  # type: ignore[attr-defined]
-        query = request.GET.urlencode()
         context = {
             "title": _("Dead letters"),
             "subtitle": None,
-            "matching_links": [
-                {
-                    "label": label,
-                    "url": reverse(
-                        "admin:django_tasks_plus_taskrecord_matching", args=[operation.name]
-                    )
-                    + (f"?{query}" if query else ""),
-                }
-                for operation, label in (
-                    (ops.REDRIVE, _("Redrive all matching…")),
-                    (ops.DISCARD, _("Release keys of all matching…")),
-                )
-                if operation.allowed(request)
-            ],
+            "matching_links": self._matching_links(request, MATCHING, DEAD_MATCHING),
         }
         return self.changelist_view(request, context)
 
-    def matching_view(self, request: HttpRequest, operation: str) -> HttpResponse:
-        """Redrive (or release) every dead task the dead-letter page's current filter
-        matches: GET asks, showing how many; POST (with the CSRF token) does it."""
+    @staticmethod
+    def _matching_links(
+        request: HttpRequest, url_name: str, offered: tuple[tuple[ops.Operation, Any], ...]
+    ) -> list[dict[str, str]]:
+        """The "… all matching" links the user may follow, carrying the list's query."""
+        query = request.GET.urlencode()
+        return [
+            {
+                "label": str(label),
+                "url": reverse(f"admin:{url_name}", args=[operation.name])
+                + (f"?{query}" if query else ""),
+            }
+            for operation, label in offered
+            if operation.allowed(request)
+        ]
+
+    def list_matching_view(self, request: HttpRequest, operation: str) -> HttpResponse:
+        """Run now, cancel or delete every task the task list's current filter matches:
+        GET asks, showing how many; POST (with the CSRF token) does it."""
+        return self.matching_view(request, operation, dead_letters=False)
+
+    def matching_view(
+        self, request: HttpRequest, operation: str, *, dead_letters: bool = True
+    ) -> HttpResponse:
+        """Redrive, release or delete every dead task the dead-letter page's current
+        filter matches (or, from the task list, run now, cancel or delete every task its
+        filter matches): GET asks, showing how many; POST (with the CSRF token) does it."""
+        offered = DEAD_MATCHING if dead_letters else TASK_MATCHING
         chosen = ops.BY_NAME.get(operation)
-        if chosen is None or chosen is ops.CANCEL:
+        if chosen is None or chosen not in [op for op, _label in offered]:
             raise Http404(f"No such bulk action: {operation!r}.")
         if not (self.has_view_permission(request) and chosen.allowed(request)):
             raise PermissionDenied
-        request._dtp_dead_letters = True  # type: ignore[attr-defined]
-        back = reverse("admin:" + DEAD_LETTERS)
+        request._dtp_dead_letters = dead_letters  # type: ignore[attr-defined]
+        back = reverse("admin:" + DEAD_LETTERS) if dead_letters else reverse(CHANGELIST)
         problems = self.filter_problems(request)
         if problems:  # GET and POST alike: nothing is acted on
             return self.bad_filter_response(request, problems, back)
@@ -605,16 +746,21 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             changelist = self.get_changelist_instance(request)
         except admin.options.IncorrectLookupParameters as exc:
             return self.bad_filter_response(request, [BadFilter(str(exc))], back)
-        matching = changelist.get_queryset(request)
+        matching = changelist.get_queryset(request).filter(status__in=chosen.statuses)
+        held = 0
         if chosen is ops.DISCARD:
             matching = matching.filter(ordering_blocked=True)
+        if chosen is ops.RUN_NOW:
+            matching = matching.filter(run_after__gt=timezone.now())
+            held = matching.filter(held_since__isnull=False).count()
         described = describe_filter(dict(request.GET.lists()))
         if changelist.query:
             described = f"search {changelist.query!r}, {described}"
         back += f"?{request.GET.urlencode()}" if request.GET else ""
         if request.method == "POST":
             count = matching.count()
-            note = f": all {count} dead task(s) matching {described}"
+            kind = "dead task(s)" if dead_letters else "task(s)"
+            note = f": all {count} {kind} matching {described}"
             self._apply(request, chosen, matching, note=note)
             return HttpResponseRedirect(back)
         context = {
@@ -626,6 +772,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             "described": described,
             "filtered": described != NO_FILTER,
             "back_url": back,
+            "dead_letters": dead_letters,
+            "held": held,
             "media": self.media,
         }
         return TemplateResponse(
@@ -643,6 +791,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if not (self.has_view_permission(request, record) and chosen.allowed(request)):
             raise PermissionDenied
         self._apply(request, chosen, TaskRecord.objects.filter(pk=record.pk))
+        if chosen is ops.DELETE and not TaskRecord.objects.filter(pk=record.pk).exists():
+            return HttpResponseRedirect(reverse(CHANGELIST))
         return HttpResponseRedirect(
             reverse("admin:django_tasks_plus_taskrecord_change", args=[record.pk])
         )

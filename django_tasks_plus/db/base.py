@@ -175,6 +175,9 @@ class Dialect(ABC):
     """The database's current time, as SQL: for comparisons (due, expired)."""
     lock_rows_sql: str = ""
     """Appended to a sub-select to lock its rows (where the database has row locks)."""
+    skip_locked_rows_sql: str = ""
+    """Appended to a sub-select to lock its rows, passing over rows another session has
+    locked (where the database can; the pruner then never waits for a redrive)."""
     json_param: str = "%s"
     """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
 

@@ -2,9 +2,11 @@
 
 Two ways to hold leadership, chosen by the database:
 
-- PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of
-  the worker's own. The lock lives exactly as long as that session, so when the leader's
-  process dies the server frees it and the next worker to try becomes leader.
+- PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on the calling
+  thread's connection, which the worker keeps for its bookkeeping (its periodic session,
+  ``worker/sessions.py``). The lock lives exactly as long as that session, so when the
+  leader's process dies the server frees it and the next worker to try becomes leader;
+  when the session is replaced (it broke), the leader steps down and bids again.
 - Elsewhere (SQLite, and any database without such locks): a row of ``Leadership`` that the
   leader renews by the database's clock; any worker may take it over once it expired.
 
@@ -17,13 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Any, Protocol
+from typing import Protocol
 
 from django.db import connections
 
 from ..models import Leadership
 from . import dialect_for, worker_connection
-from .dedicated import dedicated_connection
 
 
 class LeaderLock(Protocol):
@@ -67,8 +68,12 @@ def current_leader(database: str, backend_name: str) -> str | None:
 
 # -- PostgreSQL: an advisory lock on a session of our own ------------------------------------
 
-TRY_ADVISORY_LOCK = "SELECT pg_try_advisory_lock(%s)"
-"""Non-blocking: true if this session now holds the lock (or already did)."""
+TRY_ADVISORY_LOCK = "SELECT set_config('application_name', %s, false), pg_try_advisory_lock(%s)"
+"""Non-blocking: true if this session now holds the lock (or already did). The session
+takes the worker's id as its name first, so ``current_leader`` can tell who holds it."""
+
+ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+"""Step down at shutdown without closing the session (other duties still use it)."""
 
 SESSION_ALIVE = "SELECT 1"
 """A leader's check that its session, and so its lock, still exists."""
@@ -98,34 +103,49 @@ def _lock_halves(key: int) -> tuple[int, int]:
 
 
 class AdvisoryLock:
-    """Leadership held as a PostgreSQL advisory lock on a dedicated connection."""
+    """Leadership held as a PostgreSQL advisory lock on the calling thread's connection
+    to ``database``, which must stay the same session between calls (the worker calls
+    it in turns on its periodic session)."""
 
     def __init__(self, database: str, backend_name: str, holder: str) -> None:
         self.database = database
         self.key = advisory_key(backend_name)
         self.holder = holder
-        self._conn: Any = None
+        self._session: object | None = None  # the driver connection the lock was taken on
         self._held = False
 
     def try_lead(self) -> bool:
+        connection = connections[self.database]
         try:
-            if self._conn is None:
-                self._conn = dedicated_connection(self.database, application_name=self.holder)
-            if self._held:
-                self._conn.execute(SESSION_ALIVE).fetchone()
-            else:
-                (self._held,) = self._conn.execute(TRY_ADVISORY_LOCK, [self.key]).fetchone()
+            connection.ensure_connection()
+            if self._held and connection.connection is not self._session:
+                # The session was replaced (it broke): the lock went with it. Step down
+                # for this round; the next one bids on the new session.
+                self._held = False
+                self._session = None
+                return False
+            with connection.cursor() as cursor:
+                if self._held:
+                    cursor.execute(SESSION_ALIVE)
+                    cursor.fetchone()
+                else:
+                    cursor.execute(TRY_ADVISORY_LOCK, [self.holder[:63], self.key])
+                    self._held = bool(cursor.fetchone()[1])
+                    self._session = connection.connection if self._held else None
         except Exception:
-            self.release()  # a broken session holds no lock: start afresh next time
+            self._held = False  # a broken session holds no lock: start afresh next time
+            self._session = None
             raise
         return self._held
 
     def release(self) -> None:
-        self._held = False
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()  # ends the session, and with it the lock
+        held, session = self._held, self._session
+        self._held, self._session = False, None
+        connection = connections[self.database]
+        if not held or connection.connection is not session:
+            return  # not held, or gone with its session
+        with contextlib.suppress(Exception), connection.cursor() as cursor:
+            cursor.execute(ADVISORY_UNLOCK, [self.key])
 
 
 # -- Elsewhere: a lease row, renewed by the leader ---------------------------------------------
@@ -180,10 +200,6 @@ class TableLease:
     def release(self) -> None:
         connection = connections[self.database]
         table = connection.ops.quote_name(Leadership._meta.db_table)
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(RELEASE_LEASE.format(table=table), [self.backend_name, self.holder])
-        except Exception:
-            pass  # the lease expires by itself
-        finally:
-            connection.close()
+        with contextlib.suppress(Exception), connection.cursor() as cursor:
+            # If this fails the lease expires by itself.
+            cursor.execute(RELEASE_LEASE.format(table=table), [self.backend_name, self.holder])

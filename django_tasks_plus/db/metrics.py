@@ -16,11 +16,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Min, Q, QuerySet, Sum
 
 from ..compat import TaskResultStatus
 from ..models import MetricFlush, MetricRecord, TaskRecord, WorkerRecord
 from . import dialect_for
+from .retention import delete_batch
 
 METRICS = "django_tasks_plus_metricrecord"
 METRIC_COLUMNS = ("backend_name", "minute", "queue_name", "task_path", "name", "value")
@@ -127,27 +128,35 @@ def add_metrics(database: str, rows: Iterable[Row]) -> int:
     return len(ordered)
 
 
-def prune_metrics(database: str, backend: str, before: datetime, keep: datetime) -> int:
+def prune_metrics(
+    database: str, backend: str, before: datetime, keep: datetime, limit: int | None = None
+) -> int:
     """Delete the backend's minutes older than ``before``, except the ``keep`` minute (the
-    all-time totals); returns how many rows."""
-    deleted, _ = (
+    all-time totals); returns how many rows. With ``limit``, at most that many, in one
+    short transaction (the pruner repeats it while a full batch comes back)."""
+    rows = (
         MetricRecord.objects.using(database)
         .filter(backend_name=backend, minute__lt=before)
         .exclude(minute=keep)
-        .delete()
     )
-    return deleted
+    return _delete(rows, limit)
 
 
-def prune_flush_keys(database: str, backend: str, before: datetime) -> int:
+def prune_flush_keys(
+    database: str, backend: str, before: datetime, limit: int | None = None
+) -> int:
     """Forget the backend's flush keys older than ``before`` (the metrics retention: a
-    flush is retried within seconds, never after days); returns how many."""
-    deleted, _ = (
-        MetricFlush.objects.using(database)
-        .filter(backend_name=backend, flushed_at__lt=before)
-        .delete()
-    )
-    return deleted
+    flush is retried within seconds, never after days); returns how many (at most
+    ``limit``, as ``prune_metrics``)."""
+    rows = MetricFlush.objects.using(database).filter(backend_name=backend, flushed_at__lt=before)
+    return _delete(rows, limit)
+
+
+def _delete(rows: QuerySet[Any], limit: int | None) -> int:
+    if limit is None:
+        deleted, _ = rows.delete()
+        return deleted
+    return delete_batch(rows, limit)
 
 
 def sums(
@@ -209,6 +218,25 @@ def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, A
     return [dict(row) for row in live] + [
         {**row, "scheduled": 0, "oldest_due": None} for row in dead
     ]
+
+
+def running_and_dead(database: str, backend: str) -> dict[str, dict[str, int]]:
+    """Per queue: RUNNING tasks (few: at most the fleet's concurrency) and FAILED ones,
+    grouped on the (status, queue) index, without reading READY rows."""
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(
+            backend_name=backend, status__in=[TaskResultStatus.RUNNING, TaskResultStatus.FAILED]
+        )
+        .values("queue_name", "status")
+        .annotate(count=Count("id"))
+        .order_by()
+    )
+    found: dict[str, dict[str, int]] = {}
+    for row in rows:
+        kind = "running" if row["status"] == TaskResultStatus.RUNNING else "dead"
+        found.setdefault(row["queue_name"], {"running": 0, "dead": 0})[kind] = row["count"]
+    return found
 
 
 def worker_rows(database: str, backend: str) -> list[WorkerRecord]:

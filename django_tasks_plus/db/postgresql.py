@@ -191,6 +191,7 @@ class PostgreSQLDialect(Dialect):
     builds_indexes_concurrently = True
     now_sql = NOW
     lock_rows_sql = " FOR UPDATE"
+    skip_locked_rows_sql = " FOR UPDATE SKIP LOCKED"
     json_param = "%s::jsonb"
 
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:

@@ -230,6 +230,36 @@ def redrive(
     )
 
 
+def run_now(database: str, task_id: str, *, attempt: int | None = None) -> bool:
+    """Make a waiting READY task due now (by the database's clock): a retry, a scheduled
+    task or one a breaker holds. Guarded in the statement: only while READY and not yet
+    due, and (``attempt``) only in the wait the operator saw, so a worker that claimed it
+    meanwhile (or ran it and scheduled its next retry) keeps it as it is. ``held_since``
+    is kept: the breaker still counts the task's held time."""
+    connection = connections[database]
+    now = dialect_for(connection).current_time(connection)
+    rows = TaskRecord.objects.using(database).filter(
+        pk=task_id, status=TaskResultStatus.READY, run_after__gt=now
+    )
+    if attempt is not None:
+        rows = rows.filter(attempt=attempt)
+    return bool(rows.update(run_after=now))
+
+
+# A task may be deleted unless a worker runs it (cancel it first): waiting, or finished.
+DELETABLE = (TaskResultStatus.READY, TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+
+
+def delete(database: str, task_id: str) -> bool:
+    """Delete a task's row unless it is RUNNING, in one guarded statement (a claim that
+    takes it first wins). A dead task blocking its ordering key no longer blocks it; a
+    dedup key it held is released once none of its tasks waits (``prune_keys``)."""
+    deleted, _by_model = (
+        TaskRecord.objects.using(database).filter(pk=task_id, status__in=DELETABLE).delete()
+    )
+    return bool(deleted)
+
+
 def discard(database: str, task_id: str) -> bool:
     """Leave a dead-lettered task dead but stop it blocking its ordering key."""
     return bool(

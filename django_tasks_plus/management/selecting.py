@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -137,6 +138,21 @@ class SelectingCommand(BaseCommand):
     def summary(self, outcomes: Counter[str], skipped: dict[str, str]) -> str:
         raise NotImplementedError
 
+    def act_on_all(
+        self, backend: DatabaseBackend, rows: Iterable[Row]
+    ) -> tuple[Counter[str], dict[str, str]]:
+        """Act on every matching row: the outcomes' counts, and why each skipped task
+        (by id) was skipped. One ``act()`` per row; a command acting on rows in batches
+        (``prunetasks``) overrides this."""
+        outcomes: Counter[str] = Counter()
+        skipped: dict[str, str] = {}
+        for row in rows:
+            outcome = self.act(backend, row)
+            outcomes[outcome] += 1
+            if outcome.startswith("skipped"):
+                skipped[row.id] = outcome
+        return outcomes, skipped
+
     # -- the shared flow ---------------------------------------------------------------
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -153,13 +169,7 @@ class SelectingCommand(BaseCommand):
             return
         if by_filter and total > 1 and not options["yes"]:
             self._confirm(total, selection)
-        outcomes: Counter[str] = Counter()
-        skipped: dict[str, str] = {}
-        for row in matching(selection, database):
-            outcome = self.act(backend, row)
-            outcomes[outcome] += 1
-            if outcome.startswith("skipped"):
-                skipped[row.id] = outcome
+        outcomes, skipped = self.act_on_all(backend, matching(selection, database))
         done = sum(n for key, n in outcomes.items() if not key.startswith("skipped"))
         message = self.summary(outcomes, skipped)
         if done == 0:

@@ -18,8 +18,10 @@ from django.utils import timezone
 
 from .. import compat
 from ..db import metrics as store
+from ..db import waiting as waiting_store
 from ..exceptions import InvalidBackendOptions
 from ..liveness import is_stale
+from ..waiting import Capped, Reason
 from .catalog import (
     ALL_TIME,
     BUCKET_NAMES,
@@ -159,6 +161,64 @@ def queue_gauges(
         )
         for queue, e in found.items()
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWaiting:
+    """One queue now, its READY tasks split by what they wait for (``waiting.Reason``).
+
+    Each count reads at most ``cap`` rows (``db/waiting.py``), so past it a count is a
+    lower bound (``Capped.at_least``); ``oldest_runnable_age`` counts only tasks that
+    could run now (due, not held, not blocked by their ordering key)."""
+
+    queue: str
+    waiting: dict[Reason, Capped]
+    running: int
+    dead: int
+    oldest_runnable_age: float | None
+    oldest_exact: bool
+
+    @property
+    def ready(self) -> Capped:
+        """Every READY task, whatever it waits for."""
+        values = self.waiting.values()
+        return Capped(sum(c.count for c in values), any(c.at_least for c in values))
+
+
+def queue_waiting(
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    *,
+    now: datetime | None = None,
+    cap: int = waiting_store.COUNT_CAP,
+) -> list[QueueWaiting]:
+    """Per queue (configured first, then any other with READY, RUNNING or FAILED tasks):
+    what its READY tasks wait for, RUNNING and dead counts. Never a scan of the READY
+    rows: two capped reads per queue (``queue_gauges`` counts exactly, for Prometheus)."""
+    settings = _settings(backend)
+    now = now or timezone.now()
+    database = settings.database
+    live = store.running_and_dead(database, backend)
+    names = list(settings.queue_order)
+    for name in [*waiting_store.ready_queues(database, backend), *sorted(live)]:
+        if name not in names:
+            names.append(name)
+    found = []
+    for name in names:
+        counted = waiting_store.queue_waiting(database, backend, name, now, cap)
+        oldest = counted.oldest_runnable
+        found.append(
+            QueueWaiting(
+                queue=name,
+                waiting=counted.counts,
+                running=live.get(name, {}).get("running", 0),
+                dead=live.get(name, {}).get("dead", 0),
+                oldest_runnable_age=None
+                if oldest is None
+                else max(0.0, (now - oldest).total_seconds()),
+                oldest_exact=counted.oldest_exact,
+            )
+        )
+    return found
 
 
 def totals(
@@ -308,7 +368,7 @@ def all_time(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> dict[tuple[str
             "features": {
                 name: value
                 for name, value in values.items()
-                if split_stored_name(name)[0] in feature_counters.counters
+                if split_stored_name(name)[0] in feature_counters().counters
             },
         }
     return out
@@ -339,6 +399,7 @@ def workers(
 __all__ = [
     "Histogram",
     "QueueGauge",
+    "QueueWaiting",
     "Total",
     "WorkerStatus",
     "all_time",
@@ -346,6 +407,7 @@ __all__ = [
     "histogram",
     "percentiles",
     "queue_gauges",
+    "queue_waiting",
     "rate_series",
     "totals",
     "workers",

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ..conf import BackendSettings
 from ..db import worker_connection
@@ -60,7 +60,6 @@ class Scheduler(LoopService):
             fire_due(self.settings, self.clock)
         except DatabaseError as exc:
             logger.warning("Scheduler: database error (%s); will retry", exc)
-            connections[self.database].close()
 
     def sync(self) -> None:
         try:

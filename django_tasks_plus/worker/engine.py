@@ -6,11 +6,14 @@ by ``_shutdown()``: the reporter writes outcomes in batches (group commit), the 
 renews leases and reaps, on PostgreSQL a listener turns NOTIFY into wake-ups, and the
 leader election starts the singleton services (the worker-row pruner) on one worker per
 backend. Doers are only touched by the main thread, so they need no locks.
+
+The process's bookkeeping uses two database sessions (``sessions.py``), whatever its
+services: the claim loop and the outcome writer take turns on one, every other service
+on the other (the NOTIFY listener keeps a third, and task threads their own).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -46,6 +49,7 @@ from .plugins import ServiceContext, plugged_services
 from .reaper import reap_expired
 from .reporter import Reporter
 from .services import Service, Services
+from .sessions import SharedSession
 from .slots import Slots
 from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 
@@ -110,8 +114,15 @@ class Worker:
         self.database_clock = DatabaseClock(self.database) if clock is None else None
         self.clock: Callable[[], datetime] = clock or self.database_clock  # type: ignore[assignment]
         self.groups = build_groups(self.backend.settings, config.queues)
+        # The latency-critical session (claims, outcomes) and the one every periodic
+        # service shares: a slow duty never delays a claim or an outcome.
+        self.claim_session = SharedSession(self.database, "claim loop and outcome writer")
+        self.periodic_session = SharedSession(self.database, "periodic services")
         self.reporter = Reporter(
-            self.database, persist_deadline=config.visibility_timeout, clock=self.clock
+            self.database,
+            persist_deadline=config.visibility_timeout,
+            clock=self.clock,
+            session=self.claim_session,
         )
         self.runner = TaskRunner(
             self.backend,
@@ -147,23 +158,29 @@ class Worker:
         )
         self.started_at: datetime | None = None  # set by run()
         self.election: LeaderElection | None = None
-        self.services = Services(self.build_services())
+        self.services = Services(self.build_services(), session=self.periodic_session)
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> int:
-        # The claim loop's bounded statements run on a session of its own, never one a
-        # task thread could get from a connection pool (db/unpooled.py).
+        # The claim loop's bounded statements run in turns on the claim session, never
+        # on one a task thread could get from a connection pool (db/unpooled.py); the
+        # main thread's own connection (outside turns) is kept out of the pool too.
         guard_pooled_sessions()
         with outside_the_pool(self.database):
-            return self._run()
+            try:
+                return self._run()
+            finally:
+                self.claim_session.close()
+                self.periodic_session.close()
 
     def _run(self) -> int:
         self._install_signal_handlers()
-        if self.database_clock is not None:
-            self.database_clock.sync()
-        self.started_at = self.clock()
-        self._register(self.started_at)
+        with self.claim_session.turn():
+            if self.database_clock is not None:
+                self.database_clock.sync()
+            self.started_at = self.clock()
+            self._register(self.started_at)
         abandoned = 0
         up_since = time.monotonic()
         events.emit_worker_started(
@@ -268,11 +285,10 @@ class Worker:
 
     def _reap_at_start(self) -> None:
         try:
-            reap_expired(self.backend, self.clock)
+            with self.claim_session.turn():
+                reap_expired(self.backend, self.clock)
         except DatabaseError as exc:
             logger.warning("Returning expired leases at start failed (%s); will retry.", exc)
-            with contextlib.suppress(Exception):
-                connections[self.database].close()
         except Exception:
             logger.exception("Returning expired leases at start failed; will retry.")
 
@@ -369,12 +385,6 @@ class Worker:
             # rather than paying one claim round trip per finished task.
             return 0
         total = 0
-        try:
-            connection = worker_connection(self.database, self.config.visibility_timeout)
-        except (OperationalError, InterfaceError) as exc:
-            self._database_trouble(exc)
-            return 0
-        dialect = dialect_for(connection)
         # Every doer gets a fair share of the free slots, starting with a different doer
         # each round, so one busy queue group cannot starve the others.
         offset = self._claim_cursor % len(self.groups)
@@ -387,15 +397,7 @@ class Worker:
                 continue
             claim_began = time.perf_counter()
             try:
-                claimed = dialect.claim(
-                    connection,
-                    backend_name=self.backend.alias,
-                    queues=group.queues,
-                    limit=wanted,
-                    worker_id=self.config.worker_id,
-                    lease_token=uuid.uuid4().hex,
-                    visibility_timeout=self.config.visibility_timeout,
-                )
+                claimed = self._claim_from(group, wanted)
             except (OperationalError, InterfaceError) as exc:
                 self._database_trouble(exc)
                 return total
@@ -423,10 +425,23 @@ class Worker:
             total += len(claimed)
         return total
 
+    def _claim_from(self, group: QueueGroup, wanted: int) -> list[ClaimedTask]:
+        """One claim statement, in one turn on the claim session."""
+        with self.claim_session.turn():
+            connection = worker_connection(self.database, self.config.visibility_timeout)
+            return dialect_for(connection).claim(
+                connection,
+                backend_name=self.backend.alias,
+                queues=group.queues,
+                limit=wanted,
+                worker_id=self.config.worker_id,
+                lease_token=uuid.uuid4().hex,
+                visibility_timeout=self.config.visibility_timeout,
+            )
+
     def _database_trouble(self, exc: Exception) -> None:
+        # The claim session's turn replaces the session if it is really gone.
         logger.warning("Database unavailable while claiming (%s); retrying shortly.", exc)
-        with contextlib.suppress(Exception):  # closing a dead connection may fail too
-            connections[self.database].close()
         self.stopping.wait(1.0)
 
     def _dispatch(self) -> None:
@@ -534,7 +549,8 @@ class Worker:
         # timeout); the others stop within about a second.
         self.services.stop(timeout=self.config.visibility_timeout + 2.0)
         try:
-            remove_worker(self.database, self.config.worker_id)
+            with self.claim_session.turn():
+                remove_worker(self.database, self.config.worker_id)
         except Exception as exc:
             logger.warning("Could not remove the worker row (%s).", exc)
         # Queued jobs are task_finished sends for outcomes already written: let them run.
@@ -545,7 +561,8 @@ class Worker:
     def _release(self, task: ClaimedTask) -> None:
         outcome = outcome_for(self.backend, task, Released(), task=None, now=self.clock())
         try:
-            apply_outcome(self.database, task, outcome)
+            with self.claim_session.turn():
+                apply_outcome(self.database, task, outcome)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
 

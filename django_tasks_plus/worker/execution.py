@@ -63,7 +63,7 @@ from ..metadata import decode_metadata
 from ..middleware import Attempt, Handler, Hold, build_chain, load_middleware
 from ..results import result_from_claim, stored_return_value, task_errors
 from ..stored import CorruptJson
-from .hygiene import clean_up_after_attempt, replace_lost_connections
+from .hygiene import clean_up_after_attempt, replace_lost_connections, return_pooled_sessions
 from .outcome import outcome_for
 from .tasklog import describe_outcome
 from .timeouts import AttemptTimer, interrupted
@@ -180,6 +180,8 @@ class TaskRunner:
             self._fail_unexpectedly(claimed, exc, started)
             # The next attempt on this thread starts clean.
             clean_up_after_attempt(interrupted=interrupted())
+        finally:
+            return_pooled_sessions()
 
     def _fail_unexpectedly(self, claimed: ClaimedTask, exc: BaseException, began: float) -> None:
         """Record the attempt as failed, by the task's own policy and ordering option,
@@ -502,6 +504,7 @@ def _run_all(jobs: list[Callable[[], None]]) -> None:
                 "rolled back, so the writes made inside it are lost.",
                 ", ".join(map(repr, leaked)),
             )
+    return_pooled_sessions()
 
 
 def _update_result(result: compat.TaskResult, outcome: Transition, now: datetime) -> None:

@@ -1,6 +1,6 @@
 """The worker's background upkeep: renew leases, prove liveness (inserting the worker's
-row again if it was deleted meanwhile), return expired leases; and, on the leader only,
-forget the rows of workers that died, each judged by its own visibility timeout."""
+row again if it was deleted meanwhile), return expired leases. (The leader's pruner,
+``pruner.py``, forgets the rows of workers that died.)"""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from ..db import worker_connection
-from ..db.store import heartbeat_worker, prune_workers, renew_leases
+from ..db.store import heartbeat_worker, renew_leases
 from ..liveness import STALE_WORKER_FACTOR
 from .reaper import reap_expired
 from .services import LoopService
 
 if TYPE_CHECKING:
     from ..backend import DatabaseBackend
-    from .plugins import ServiceContext
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -89,44 +88,5 @@ class Heartbeat(LoopService):
             reap_expired(self.backend, self.clock)
         except DatabaseError as exc:
             logger.warning("Heartbeat failed (%s); will retry", exc)
-            connections[self.database].close()
         except Exception:
             logger.exception("Heartbeat failed unexpectedly; will retry")
-
-
-class WorkerPruner(LoopService):
-    """Leader only: delete the rows of workers whose heartbeat has been silent for
-    ``STALE_WORKER_FACTOR`` of *their own* visibility timeouts (crashed or killed
-    processes); the leader's own timeout only sets how often it looks.
-
-    One worker doing this is enough, and deleting the same rows from every worker
-    would only contend for them."""
-
-    name = "tasks-worker-pruner"
-    singleton = True
-
-    def __init__(
-        self, database: str, *, clock: Callable[[], datetime], visibility_timeout: float
-    ) -> None:
-        super().__init__(database)
-        self.clock = clock
-        self.visibility_timeout = visibility_timeout
-        self.interval = max(0.05, visibility_timeout / 3)
-
-    def tick(self) -> None:
-        try:
-            worker_connection(self.database, self.visibility_timeout)
-            forgotten = prune_workers(self.database, self.clock())
-        except DatabaseError as exc:
-            logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
-            connections[self.database].close()
-            return
-        if forgotten:
-            logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))
-
-
-def worker_pruner_factory(context: ServiceContext) -> WorkerPruner:
-    """The worker-row pruner's service factory (registered by ``AppConfig.ready``)."""
-    return WorkerPruner(
-        context.database, clock=context.clock, visibility_timeout=context.bound_seconds
-    )

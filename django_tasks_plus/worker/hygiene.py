@@ -28,6 +28,11 @@ Before task code or a signal receiver runs, a connection the server has hung up 
 on which the last query failed is checked and replaced, so no receiver runs on a
 connection already known to be dead. The connection lifetime setting (``CONN_MAX_AGE``)
 is not applied here: reconnecting after every task would cost more than the tasks.
+
+Behind Django's connection pool (``OPTIONS["pool"]``) a task thread hands its session
+back to the pool once its attempt (or its batch of ``task_finished`` sends) is over
+(``return_pooled_sessions``): the pool's ``max_size`` then bounds the sessions all task
+threads hold, and a thread whose next task does not query holds none.
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db import dialect_for
 from ..db.base import DriverState
+from ..db.unpooled import is_pooled
 from ..exceptions import UnsupportedDatabase
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
-def _driver_state(connection: BaseDatabaseWrapper) -> DriverState | None:
+def driver_state(connection: BaseDatabaseWrapper) -> DriverState | None:
+    """What the driver says of the connection (no query); None when not connected or
+    the database is not one the worker runs on."""
     if connection.connection is None:
         return None
     try:
@@ -103,7 +111,7 @@ def clean_up_after_attempt(*, interrupted: bool = False) -> list[str]:
     """
     leaked: list[str] = []
     for connection in connections.all(initialized_only=True):
-        state = _driver_state(connection)
+        state = driver_state(connection)
         if leaked_transaction(connection, state):
             leaked.append(connection.alias)
             discard(connection)
@@ -125,6 +133,18 @@ def clean_up_after_attempt(*, interrupted: bool = False) -> list[str]:
     return leaked
 
 
+def return_pooled_sessions() -> None:
+    """Hand this thread's pooled sessions back to their pools (a clean one is reused by
+    the next thread that connects; a pool checks what it gets back). Connections outside
+    a pool are kept: reconnecting per task would cost more than the tasks."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or connection.in_atomic_block:
+            continue
+        if is_pooled(connection):
+            with contextlib.suppress(Exception):  # a broken one is the pool's to drop
+                connection.close()
+
+
 def replace_lost_connections() -> None:
     """Before task code or a signal receiver runs on this thread: replace a connection
     that the server hung up on, or on which the last query failed, if one query confirms
@@ -133,14 +153,16 @@ def replace_lost_connections() -> None:
         raw = connection.connection
         if raw is None or connection.in_atomic_block:
             continue
-        if connection.errors_occurred or _hung_up(connection, raw):
+        if connection.errors_occurred or hung_up(connection, raw):
             if not connection.is_usable():
                 logger.info("Database %r connection went away; reconnecting.", connection.alias)
                 discard(connection)
             connection.errors_occurred = False
 
 
-def _hung_up(connection: BaseDatabaseWrapper, raw: object) -> bool:
+def hung_up(connection: BaseDatabaseWrapper, raw: object) -> bool:
+    """Whether the server seems to have hung up on ``raw`` (no round trip; a hint that
+    ``is_usable()`` then confirms)."""
     try:
         return dialect_for(connection).hung_up(raw)
     except UnsupportedDatabase:

@@ -4,14 +4,16 @@ Every worker runs one ``LeaderElection``. A follower bids every ``interval`` sec
 leader re-checks (PostgreSQL) or renews (table lease) its hold at the same pace. Gaining
 leadership starts the singleton services, losing it (or shutting down) stops them. How
 leadership is held on each database is in ``db/leadership.py``.
+
+Bids and checks run in turns on the worker's periodic session (``sessions.py``), so on
+PostgreSQL the advisory lock lives on that session; the reaction to a change runs after
+the turn, since stopping the singletons waits for their own turns to end.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-
-from django.db import DatabaseError, connections
 
 from ..db.leadership import LeaderLock, leader_lock
 from .services import ThreadService
@@ -55,19 +57,20 @@ class LeaderElection(ThreadService):
     def serve(self) -> None:
         try:
             while True:
-                self._set_leader(self._bid())
+                with self.turn():
+                    leading = self._bid()
+                self._set_leader(leading)
                 if self.stopping.wait(self.interval):
                     return
         finally:
-            self.lock.release()
+            with self.turn():
+                self.lock.release()
             self._set_leader(False)
 
     def _bid(self) -> bool:
         try:
             leading = self.lock.try_lead()
         except Exception as exc:  # the database's or the driver's: retried next round
-            if isinstance(exc, DatabaseError):
-                connections[self.database].close()
             # Said once per run of failures (a leader's failure means it steps down);
             # then quiet until a check succeeds again.
             level = logging.WARNING if self.is_leader or not self._failing else logging.DEBUG

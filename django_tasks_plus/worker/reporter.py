@@ -9,6 +9,11 @@ each batch's callbacks, so follow-up work can be handed on once per batch. A row
 database refuses is settled alone (dead-lettered with ``OutcomeNotStorable``), and a
 callback that raises is logged with its task's id: nothing one task holds can end this
 thread.
+
+Each write is one turn on ``session``, the session the worker's claim loop takes turns
+on too (``sessions.py``): the two latency-critical writers share one session, and no
+periodic duty ever stands between them and it. Callbacks and retry pauses run between
+turns.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..db import worker_connection
 from ..db.completions import apply_transitions
 from ..db.unpooled import outside_the_pool
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
+from .sessions import SharedSession
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -78,10 +84,18 @@ class Reporter(threading.Thread):
     singleton = False
 
     def __init__(
-        self, database: str, *, persist_deadline: float, clock: Callable[[], datetime]
+        self,
+        database: str,
+        *,
+        persist_deadline: float,
+        clock: Callable[[], datetime],
+        session: SharedSession | None = None,
     ) -> None:
         super().__init__(name="tasks-reporter", daemon=True)
         self.database = database
+        # Shared with the claim loop in a worker; a reporter run alone has its own.
+        self._own_session = session is None
+        self.session = session or SharedSession(database, "tasks-reporter")
         self.persist_deadline = persist_deadline
         self.clock = clock
         self.after_batch: Callable[[], None] | None = None
@@ -120,6 +134,8 @@ class Reporter(threading.Thread):
                     return
         finally:
             connections[self.database].close()
+            if self._own_session:
+                self.session.close()
 
     def _write_batch(self, batch: list[_Submitted]) -> None:
         """Write one batch and run its follow-ups; whatever goes wrong is logged and the
@@ -133,7 +149,6 @@ class Reporter(threading.Thread):
                 len(batch),
                 ", ".join(item.claimed.id for item in batch[:10]),
             )
-            connections[self.database].close()
         for item in batch:
             item.settle(False)  # only those the flush could not settle
         if self.after_batch is not None:
@@ -143,8 +158,9 @@ class Reporter(threading.Thread):
                 logger.exception("Handing on the follow-ups of a batch of outcomes failed")
 
     def _write(self, completions: list[tuple[ClaimedTask, Transition]]) -> list[bool]:
-        worker_connection(self.database, self.persist_deadline)
-        return apply_transitions(self.database, completions)
+        with self.session.turn():
+            worker_connection(self.database, self.persist_deadline)
+            return apply_transitions(self.database, completions)
 
     def _flush(self, batch: list[_Submitted]) -> None:
         deadline = time.monotonic() + self.persist_deadline
@@ -153,7 +169,6 @@ class Reporter(threading.Thread):
             try:
                 landed = self._write([(item.claimed, item.outcome) for item in batch])
             except _TRANSIENT as exc:
-                connections[self.database].close()
                 if time.monotonic() + delay > deadline:
                     logger.error(
                         "Could not write %d outcome(s) (%s); their leases will expire and "
@@ -188,7 +203,6 @@ class Reporter(threading.Thread):
                 [ok] = self._write([(claimed, outcome)])
             except _TRANSIENT:
                 logger.exception("Could not write the outcome of task %s", claimed.id)
-                connections[self.database].close()
                 ok = False
             except Exception as exc:
                 self._record_unstorable(claimed, outcome, exc)
@@ -209,7 +223,6 @@ class Reporter(threading.Thread):
             [ok] = self._write([(claimed, fallback)])
         except Exception:
             logger.exception("Task %s: could not record the failure either", claimed.id)
-            connections[self.database].close()
             return False
         if ok:  # the dead letter is what happened to the task: subscribers hear of it
             events.emit_outcome(claimed, fallback, None, self.clock)

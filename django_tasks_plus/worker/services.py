@@ -9,6 +9,15 @@ leading, so it must be restartable (``ThreadService`` is).
 
 Adding a duty (a scheduler, a pruner, a metrics flusher) is one ``LoopService`` subclass
 and one entry in the list.
+
+Services do not open database sessions of their own: every ``ThreadService`` of a
+worker takes turns on the worker's one periodic bookkeeping session
+(``sessions.SharedSession``, handed out by ``Services``). A ``LoopService`` runs each
+``tick()`` inside a turn; other code takes one with ``with self.turn():``. Inside a turn
+``connections[database]`` is the shared session: keep the work short (it delays the
+other services, the heartbeat among them), end every transaction inside the turn, and
+on a database error raise or log, but do not close the connection (the turn replaces a
+session that is really broken; closing a live one would drop the leader's lock).
 """
 
 from __future__ import annotations
@@ -17,11 +26,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.unpooled import outside_the_pool
+from .sessions import SharedSession
 
 logger = logging.getLogger("django_tasks_plus.worker")
 
@@ -51,9 +63,11 @@ class ServiceStartError(RuntimeError):
 class ThreadService:
     """A service running ``serve()`` on a daemon thread of its own; restartable.
 
-    ``serve()`` returns once ``self.stopping`` is set. The thread's Django connection to
-    ``database`` is its own, outside any connection pool (``db/unpooled.py``), and is
-    closed when the thread ends, so a stopped service leaves no session open.
+    ``serve()`` returns once ``self.stopping`` is set. Its database work runs in turns
+    (``turn()``) on ``session``: the worker's shared periodic session, or, for a service
+    run on its own, a session of its own closed when the thread ends. Outside turns the
+    thread's connection is its own, outside any pool (``db/unpooled.py``), closed when
+    the thread ends too, so a stopped service leaves no session open.
     """
 
     name = "tasks-service"
@@ -63,6 +77,15 @@ class ThreadService:
         self.database = database
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.session: SharedSession | None = None
+        """Set by ``Services`` to the worker's periodic session before the start."""
+        self._own_session: SharedSession | None = None
+
+    def turn(self) -> AbstractContextManager[BaseDatabaseWrapper]:
+        """Hold this service's session: ``connections[database]`` is it inside the block."""
+        if self.session is None:
+            self.session = self._own_session = SharedSession(self.database, self.name)
+        return self.session.turn()
 
     def start(self) -> None:
         if self.is_alive():
@@ -87,6 +110,10 @@ class ThreadService:
                 self.serve()
             finally:
                 connections[self.database].close()
+                own, self._own_session = self._own_session, None
+                if own is not None:
+                    own.close()
+                    self.session = None
 
     def serve(self) -> None:
         raise NotImplementedError
@@ -102,6 +129,10 @@ class LoopService(ThreadService):
     interval: float = 1.0
     first_round_at_start: bool = False
     """True: the first round runs as soon as the service starts, not one interval later."""
+    tick_in_one_turn: bool = True
+    """True: each ``tick()`` runs in one turn on the session. False: the tick takes its
+    own turns (``with self.turn():``), e.g. one per batch of a long clean-up, so the
+    other services (the heartbeat among them) get the session in between."""
 
     def serve(self) -> None:
         if self.first_round_at_start:
@@ -111,7 +142,11 @@ class LoopService(ThreadService):
 
     def _round(self) -> None:
         try:
-            self.tick()
+            if self.tick_in_one_turn:
+                with self.turn():
+                    self.tick()
+            else:
+                self.tick()
         except BaseException:
             logger.exception("%s: a round failed unexpectedly; will retry", self.name)
 
@@ -123,11 +158,16 @@ class Services:
     """The worker's services: starts them in order, stops them in reverse order.
 
     Per-worker services start with ``start()``; singletons start on ``lead()`` and stop
-    on ``follow()``, called by the leadership service as leadership moves.
+    on ``follow()``, called by the leadership service as leadership moves. Every
+    ``ThreadService`` without a session of its own takes turns on ``session``.
     """
 
-    def __init__(self, services: Iterable[Service]) -> None:
+    def __init__(self, services: Iterable[Service], session: SharedSession | None = None) -> None:
         self.services = list(services)
+        if session is not None:
+            for service in self.services:
+                if isinstance(service, ThreadService) and service.session is None:
+                    service.session = session
         self._running: list[Service] = []
         self._lock = threading.Lock()
         self._closed = False

@@ -96,7 +96,12 @@ def sync_account(account: str, step: int) -> str:
     return f"{account} step {step} synced"
 
 
-@task
-def send_digest() -> str:
-    """What the demo's schedule ``demo-digest`` enqueues every 30 s."""
-    return "digest sent"
+@task(takes_context=True)
+def scheduled_report(context, what: str) -> str:
+    """Run by the demo's two schedules (``enqueue_demo``): says which occurrence it is."""
+    from django_tasks_plus.schedules import occurrence_of
+
+    occurrence = occurrence_of(context)
+    if occurrence is None:
+        return f"{what}, run by hand"
+    return f"{what} for {occurrence.schedule} at {occurrence.at:%H:%M:%S} UTC"

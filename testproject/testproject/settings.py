@@ -9,6 +9,8 @@ Configuration comes from environment variables only (no ``.env`` file is read):
 ``TEST_SQLITE_NAME`` SQLite test database file (default ``testproject/test_db.sqlite3``)
 ``TASKS_LOG_LEVEL``  level of the ``django_tasks_plus`` logger (default ``INFO``)
 ``TASKS_METRICS``    ``false`` turns OPTIONS["METRICS"] off (default ``true``)
+``TASKS_RETENTION``  ``false`` keeps finished tasks for ever (OPTIONS["RETENTION"];
+                     default ``true``: the package's defaults)
 ``DTP_DB_POOL``      ``true`` puts a PostgreSQL database behind Django's connection pool
                      (``OPTIONS["pool"]``; the ``pgpool`` test environment)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
@@ -161,12 +163,18 @@ TEMPLATES = [
 # Tasks
 # --------------------------------------------------------------------------------------
 
+# TASKS_METRICS=false turns the metrics off (the benchmark compares both).
+TASKS_OPTIONS: dict[str, object] = {
+    "METRICS": {"ENABLED": env.bool("TASKS_METRICS", default=True)},
+}
+# TASKS_RETENTION=false: the leader prunes no finished task (the benchmark compares both).
+if not env.bool("TASKS_RETENTION", default=True):
+    TASKS_OPTIONS["RETENTION"] = {"SUCCESSFUL": None, "FAILED": None}
 TASKS = {
     "default": {
         "BACKEND": "django_tasks_plus.backend.DatabaseBackend",
         "QUEUES": ["default", "emails", "slow", "other"],
-        # TASKS_METRICS=false turns the metrics off (the benchmark compares both).
-        "OPTIONS": {"METRICS": {"ENABLED": env.bool("TASKS_METRICS", default=True)}},
+        "OPTIONS": TASKS_OPTIONS,
     },
 }
 

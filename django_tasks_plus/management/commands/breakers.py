@@ -34,6 +34,7 @@ COLUMNS: tuple[tuple[str, Any], ...] = (
     ("LAST FAILURE", lambda s: _when(s.last_failure_at)),
     ("OPENED AT", lambda s: _when(s.opened_at)),
     ("PROBE TASK", lambda s: s.probe_task_id or "-"),
+    ("NEXT PROBE", lambda s: _when(s.probe_at)),
     ("HELD", lambda s: str(s.held)),
     ("UPDATED", lambda s: _when(s.updated_at)),
 )
@@ -58,6 +59,7 @@ def status_json(status: BreakerStatus) -> dict[str, Any]:
         "opened_at": _iso(status.opened_at),
         "probe_task_id": status.probe_task_id,
         "probe_started_at": _iso(status.probe_started_at),
+        "probe_at": _iso(status.probe_at),
         "held": status.held,
         "updated_at": _iso(status.updated_at),
         "problem": status.problem,

@@ -19,10 +19,13 @@ from django.utils import timezone
 from ... import metrics
 from ...circuits import breaker_states
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS
+from ...waiting import Capped, Reason
 from ..base import BackendCommand
 from .breakers import status_json
 
 WINDOW = timedelta(hours=1)
+# READY tasks per queue by what they wait for, in the table's order (``waiting.Reason``).
+REASONS = (Reason.DUE, Reason.BLOCKED, Reason.HELD, Reason.RETRYING, Reason.SCHEDULED)
 # Shown per queue, per minute over the window.
 RATE_NAMES = ("enqueued", "succeeded", "attempt_failed", "retried", "dead_lettered")
 CLEAR = "\x1b[H\x1b[2J"
@@ -49,16 +52,19 @@ def snapshot(backend: str, *, now: datetime | None = None) -> dict[str, Any]:
         counts = per_queue.setdefault(total.queue, {})
         counts[total.name] = counts.get(total.name, 0) + total.value
     queues = []
-    for gauge in metrics.queue_gauges(backend, now=now):
-        counts = per_queue.get(gauge.queue, {})
+    for queue in metrics.queue_waiting(backend, now=now):
+        counts = per_queue.get(queue.queue, {})
         queues.append(
             {
-                "queue": gauge.queue,
-                "ready": gauge.ready,
-                "scheduled": gauge.scheduled,
-                "running": gauge.running,
-                "dead": gauge.dead,
-                "oldest_ready_age": gauge.oldest_ready_age,
+                "queue": queue.queue,
+                # READY tasks that could run now: due, not held, not blocked.
+                "ready": queue.waiting[Reason.DUE].count,
+                **{reason.value: queue.waiting[reason].count for reason in REASONS[1:]},
+                # The counts read at most a cap of rows: these are lower bounds.
+                "at_least": [r.value for r in REASONS if queue.waiting[r].at_least],
+                "running": queue.running,
+                "dead": queue.dead,
+                "oldest_ready_age": queue.oldest_runnable_age,
                 "per_minute": {name: counts.get(name, 0) / minutes for name in RATE_NAMES},
             }
         )
@@ -98,6 +104,12 @@ def snapshot(backend: str, *, now: datetime | None = None) -> dict[str, Any]:
     }
 
 
+def _waiting(queue: dict[str, Any], reason: Reason) -> str:
+    """One reason's count of a ``snapshot`` queue, "10,000+" when it is a lower bound."""
+    key = "ready" if reason is Reason.DUE else reason.value
+    return str(Capped(queue[key], reason.value in queue["at_least"]))
+
+
 def _table(headings: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(headings, *rows, strict=True)]
     return [
@@ -113,8 +125,7 @@ def render_text(stats: dict[str, Any]) -> list[str]:
     rows = [
         [
             queue["queue"],
-            str(queue["ready"]),
-            str(queue["scheduled"]),
+            *(_waiting(queue, reason) for reason in REASONS),
             str(queue["running"]),
             str(queue["dead"]),
             _seconds(queue["oldest_ready_age"]),
@@ -122,9 +133,14 @@ def render_text(stats: dict[str, Any]) -> list[str]:
         ]
         for queue in stats["queues"]
     ]
-    headings = ["QUEUE", "READY", "SCHEDULED", "RUNNING", "DEAD", "OLDEST READY"]
+    headings = ["QUEUE", "READY", "BLOCKED", "HELD", "RETRYING", "SCHEDULED"]
+    headings += ["RUNNING", "DEAD", "OLDEST READY"]
     headings += [f"{name.upper().replace('_', ' ')}/MIN" for name in RATE_NAMES]
     lines += ["", *_table(headings, rows)]
+    lines += [
+        "READY: due, not held, not blocked; OLDEST READY: the longest wait among them. "
+        "A count read past its cap shows N+."
+    ]
     latency = stats["latency"]
     lines += [
         "",

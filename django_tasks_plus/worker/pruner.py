@@ -1,0 +1,199 @@
+"""The leader's pruner: one service and one loop, taking turns on the worker's shared
+periodic session (a turn per batch), that deletes what the queue no longer needs.
+
+Every round (a third of the visibility timeout) it forgets the rows of dead workers.
+Every ``RETENTION["INTERVAL"]`` seconds, and right away when it becomes leader, it also
+sweeps: finished tasks past their status's retention, lapsed dedup keys, idle circuit
+breaker rows, old schedule occurrences, and (with metrics on) per-minute metrics and
+flush keys past ``RETENTION_DAYS``. A sweep deletes ``BATCH_SIZE`` rows per transaction
+and rests between batches as long as the batch took, so it never takes more than about
+half of one database session's time from the workers draining beside it; a backlog
+left when the round's time is up is taken up again the next round.
+
+A failed batch is logged and the sweep given up for the round; the others go on, and
+the service never dies of one bad row or one lost connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import DatabaseError
+
+from ..conf import BackendSettings
+from ..db import worker_connection
+from ..db.dedup import prune_keys
+from ..db.metrics import prune_flush_keys, prune_metrics
+from ..db.retention import delete_finished, delete_idle_breakers, delete_old_occurrences
+from ..db.store import prune_workers
+from ..metrics.catalog import ALL_TIME
+from .plugins import ServiceContext
+from .services import LoopService
+
+logger = logging.getLogger("django_tasks_plus.worker")
+
+# The rest after each batch, as a share of the time the batch took.
+REST_PER_BATCH = 1.0
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One kind of spent row: ``batch(now, limit)`` deletes up to ``limit`` of them in
+    one transaction and returns how many."""
+
+    name: str
+    batch: Callable[[datetime, int], int]
+
+
+def sweeps_for(settings: BackendSettings) -> list[Sweep]:
+    """What the pruner deletes for this backend, as its settings say."""
+    database, alias = settings.database, settings.alias
+    retention = settings.retention
+    sweeps = [
+        Sweep(f"{status} tasks", _finished_tasks(database, alias, status, age))
+        for status, age in retention.by_status().items()
+    ]
+    sweeps.append(Sweep("dedup keys", lambda now, limit: prune_keys(database, alias, now)))
+    if retention.breakers is not None:
+        idle = retention.breakers
+        sweeps.append(
+            Sweep(
+                "breaker rows",
+                lambda now, limit: delete_idle_breakers(database, alias, now - idle, limit),
+            )
+        )
+    if retention.schedule_occurrences is not None:
+        kept = retention.schedule_occurrences
+        sweeps.append(
+            Sweep(
+                "schedule occurrences",
+                lambda now, limit: delete_old_occurrences(database, alias, now - kept, limit),
+            )
+        )
+    if settings.metrics.enabled:
+        minutes = settings.metrics.retention
+        sweeps += [
+            Sweep(
+                "metric minutes",
+                lambda now, limit: prune_metrics(database, alias, now - minutes, ALL_TIME, limit),
+            ),
+            Sweep(
+                "metrics flush keys",
+                lambda now, limit: prune_flush_keys(database, alias, now - minutes, limit),
+            ),
+        ]
+    return sweeps
+
+
+def _finished_tasks(
+    database: str, alias: str, status: str, age: timedelta
+) -> Callable[[datetime, int], int]:
+    def batch(now: datetime, limit: int) -> int:
+        return delete_finished(database, alias, status, now - age, limit)
+
+    return batch
+
+
+class Pruner(LoopService):
+    """Leader only: forget dead workers every round, sweep spent rows every interval."""
+
+    name = "tasks-pruner"
+    singleton = True
+    # As soon as this worker leads: a leader replaced more often than every interval (a
+    # fleet redeployed every few minutes) would otherwise never prune.
+    first_round_at_start = True
+    # A sweep takes one turn on the shared periodic session per batch, so the heartbeat
+    # and the other services get the session between batches.
+    tick_in_one_turn = False
+
+    def __init__(
+        self,
+        settings: BackendSettings,
+        *,
+        clock: Callable[[], datetime],
+        bound_seconds: float,
+        sweeps: list[Sweep] | None = None,
+    ) -> None:
+        super().__init__(settings.database)
+        self.settings = settings
+        self.clock = clock
+        self.bound_seconds = bound_seconds
+        self.interval = max(0.05, bound_seconds / 3)
+        self.sweeps = sweeps_for(settings) if sweeps is None else sweeps
+        self.batch_size = settings.retention.batch_size
+        self.sweep_interval = settings.retention.interval
+        self._next_sweep = 0.0  # time.monotonic() of the next sweep; 0: at the first round
+        self.deleted: dict[str, int] = {}
+        """Rows deleted per sweep since the service was built (for logs and tests)."""
+
+    def start(self) -> None:
+        self._next_sweep = 0.0  # a new leader sweeps at once
+        super().start()
+
+    def tick(self) -> None:
+        try:
+            with self.turn():
+                worker_connection(self.database, self.bound_seconds)
+                forgotten = prune_workers(self.database, self.clock())
+        except DatabaseError as exc:
+            # The turn replaces a broken session; closing it here would drop the
+            # leader's lock held on the same session.
+            logger.warning("Pruning dead worker rows failed (%s); will retry", exc)
+            return
+        if forgotten:
+            logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))
+        if time.monotonic() >= self._next_sweep:
+            self.sweep(budget=self.interval)
+
+    def sweep(self, budget: float) -> None:
+        """Run every sweep until done or ``budget`` seconds have passed. Unfinished
+        work is taken up again next round; finished, the next sweep is an interval away.
+        A database error ends the round (the next turn replaces a broken session)."""
+        deadline = time.monotonic() + budget
+        finished = True
+        for sweep in self.sweeps:
+            outcome = self._drain(sweep, deadline)
+            if outcome == "lost connection":
+                return
+            # A sweep that failed for its own reasons is tried again next interval, not
+            # every round (its error would fill the log).
+            finished = finished and outcome in ("done", "failed")
+            if self.stopping.is_set():
+                return
+        if finished:
+            self._next_sweep = time.monotonic() + self.sweep_interval
+
+    def _drain(self, sweep: Sweep, deadline: float) -> str:
+        """Batches of ``sweep`` until one comes back short (``"done"``), the time is up
+        or the service stops (``"more"``), or a batch fails (``"failed"``, ``"lost
+        connection"``)."""
+        now = self.clock()
+        while True:
+            started = time.monotonic()
+            try:
+                with self.turn():
+                    worker_connection(self.database, self.bound_seconds)
+                    deleted = sweep.batch(now, self.batch_size)
+            except DatabaseError as exc:
+                logger.warning("Pruning %s failed (%s); will retry", sweep.name, exc)
+                return "lost connection"
+            except Exception:
+                logger.exception("Pruning %s failed unexpectedly; will retry", sweep.name)
+                return "failed"
+            if deleted:
+                self.deleted[sweep.name] = self.deleted.get(sweep.name, 0) + deleted
+                logger.debug("Pruned %d %s.", deleted, sweep.name)
+            if deleted < self.batch_size:
+                return "done"
+            rest = (time.monotonic() - started) * REST_PER_BATCH
+            if time.monotonic() + rest >= deadline or self.stopping.wait(rest):
+                return "more"
+
+
+def pruner_factory(context: ServiceContext) -> Pruner:
+    """The pruner's service factory (registered by ``AppConfig.ready``)."""
+    return Pruner(context.settings, clock=context.clock, bound_seconds=context.bound_seconds)
