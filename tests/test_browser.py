@@ -58,8 +58,11 @@ ADMIN = "/admin/django_tasks_plus/"
 WIDE = {"width": 1280, "height": 900}  # a laptop, with Django's sidebar open
 PHONE = {"width": 390, "height": 844}  # a phone during an incident
 SCHEMES = ("light", "dark")
-# A list row holds a time and its "3 min ago" under it: two lines, a third at most.
-ROW_MAX_PX = 76
+# A list row holds a date, its clock and "3 min ago" under it, or a reason a waiting
+# task gives ("blocked by its ordering key behind 5d19…"): four short lines at most.
+ROW_MAX_PX = 84
+# A schedule's last run adds the task's id and its status under its time.
+SCHEDULES_ROW_MAX_PX = 110
 # The dead letters add the reason and the last error's message (a few lines each).
 DEAD_ROW_MAX_PX = 150
 CHART_TEXT_MIN_PX = 10
@@ -497,7 +500,7 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
         (f"{ADMIN}breakerrecord/{ids['breaker']}/change/", None, ROW_MAX_PX),
         (f"{ADMIN}workerrecord/", None, ROW_MAX_PX),
         (f"{ADMIN}workerrecord/{ids['worker']}/change/", None, ROW_MAX_PX),
-        (f"{ADMIN}schedulerecord/", None, ROW_MAX_PX),
+        (f"{ADMIN}schedulerecord/", None, SCHEDULES_ROW_MAX_PX),
         (f"{ADMIN}schedulerecord/{ids['schedule']}/change/", None, ROW_MAX_PX),
     ]
     base = live_server.url
