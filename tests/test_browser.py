@@ -12,7 +12,8 @@ scrolling box, rows a few lines tall with task paths on one line, chart text of 
 own (the schedules list keeps name, next and last run on screen). One test walks them
 all (one login, one seeded database) so the matrix costs seconds, not a test per page.
 
-Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir);
+Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir; the
+layout walk saves one per page, size and scheme only with ``DTP_LAYOUT_SHOTS=1``);
 ``DTP_SCREENSHOTS=docs/images`` regenerates the ones in the docs (light mode;
 ``DTP_SCREENSHOTS_SCHEME=dark`` takes them in the dark theme).
 
@@ -57,8 +58,11 @@ ADMIN = "/admin/django_tasks_plus/"
 WIDE = {"width": 1280, "height": 900}  # a laptop, with Django's sidebar open
 PHONE = {"width": 390, "height": 844}  # a phone during an incident
 SCHEMES = ("light", "dark")
-# A list row holds a time and its "3 min ago" under it: two lines, a third at most.
-ROW_MAX_PX = 76
+# A list row holds a date, its clock and "3 min ago" under it, or a reason a waiting
+# task gives ("blocked by its ordering key behind 5d19…"): four short lines at most.
+ROW_MAX_PX = 84
+# A schedule's last run adds the task's id and its status under its time.
+SCHEDULES_ROW_MAX_PX = 110
 # The dead letters add the reason and the last error's message (a few lines each).
 DEAD_ROW_MAX_PX = 150
 CHART_TEXT_MIN_PX = 10
@@ -237,17 +241,27 @@ MEASURE = """() => {
     sidebar: !sidebar ? null : getComputedStyle(sidebar).visibility !== 'hidden'
       && sidebar.getBoundingClientRect().width > 100,
     bodyBg: getComputedStyle(document.body).backgroundColor,
-    h1: document.querySelector('#content h1') ? box(document.querySelector('#content h1')) : null,
+    h1: null,
   };
+  // The title's text (not its box: Django 5.2 floats the object tools into the title's row).
+  const h1 = document.querySelector('#content h1');
+  if (h1) {
+    const range = document.createRange();
+    range.selectNodeContents(h1);
+    out.h1 = box(range);
+  }
   // What sticks out of the window, outside any box that scrolls sideways (for the message).
+  // Its box, or its text running past its box (a long word), past the window's edge.
+  const out_ = (el) => Math.max(el.getBoundingClientRect().right,
+    el.getBoundingClientRect().left + el.scrollWidth) > window.innerWidth + 1;
   const clipped = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
-    const o = getComputedStyle(p).overflowX;
-    if (o === 'auto' || o === 'scroll' || o === 'hidden') return true; }
+    if (getComputedStyle(p).overflowX !== 'visible' && !out_(p)) return true; }
     return false; };
-  out.overflowing = [...document.body.querySelectorAll('*')]
-    .filter(el => el.getBoundingClientRect().right > window.innerWidth + 1 && !clipped(el))
-    .filter(el => ![...el.children].some(
-      c => c.getBoundingClientRect().right > window.innerWidth + 1))
+  // (Only looked for when the page is too wide: it reads every element's box.)
+  const wide = out.scrollWidth > window.innerWidth + 1;
+  out.overflowing = !wide ? [] : [...document.body.querySelectorAll('*')]
+    .filter(el => out_(el) && !clipped(el))
+    .filter(el => ![...el.children].some(c => out_(c) && !clipped(c)))
     .slice(0, 4).map(el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '')
       + (typeof el.className === 'string' && el.className
          ? '.' + el.className.trim().split(/\\s+/).join('.') : ''));
@@ -473,7 +487,7 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
         (f"{ADMIN}breakerrecord/{ids['breaker']}/change/", None, ROW_MAX_PX),
         (f"{ADMIN}workerrecord/", None, ROW_MAX_PX),
         (f"{ADMIN}workerrecord/{ids['worker']}/change/", None, ROW_MAX_PX),
-        (f"{ADMIN}schedulerecord/", None, ROW_MAX_PX),
+        (f"{ADMIN}schedulerecord/", None, SCHEDULES_ROW_MAX_PX),
         (f"{ADMIN}schedulerecord/{ids['schedule']}/change/", None, ROW_MAX_PX),
     ]
     base = live_server.url
