@@ -71,7 +71,9 @@ def fill(database: str, rows: int) -> None:
             count = int(rows * share)
             # Due rows: every 10th pair shares an ordering key, so one of the pair blocks
             # the other (a tenth of the due rows are blocked).
-            keyed = "CASE WHEN n %% 20 < 2 THEN 'acct:' || (n / 20) END" if name == "due" else "NULL"
+            keyed = "NULL"
+            if name == "due":
+                keyed = "CASE WHEN n %% 20 < 2 THEN 'acct:' || (n / 20) END"
             conn.execute(
                 f"""
                 INSERT INTO {TASKS} (id, task_path, backend_name, queue_name, priority, args,
@@ -153,10 +155,7 @@ def measure(runs: int) -> dict[str, Any]:
                     "sql": sql[:160],
                     "ms": round(plan["Execution Time"], 2),
                     "indexes": sorted(
-                        {
-                            part.split('"')[0]
-                            for part in text.split('"Index Name": "')[1:]
-                        }
+                        {part.split('"')[0] for part in text.split('"Index Name": "')[1:]}
                     ),
                     "seq_scan": '"Seq Scan"' in text,
                 }

@@ -43,11 +43,16 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+EXPLICIT_ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
+
+
 def anchors(page: Path) -> set[str]:
-    """Every anchor of a page; a repeated heading gets ``-1``, ``-2``… as on GitHub."""
+    """Every anchor of a page: its headings' (a repeated heading gets ``-1``, ``-2``… as on
+    GitHub) and its explicit ``<a id="…">`` ones (for a paragraph that is not a heading)."""
     seen: dict[str, int] = {}
     found = set()
     for line in _without_code_blocks(page.read_text()):
+        found.update(EXPLICIT_ANCHOR.findall(line))
         match = HEADING.match(line)
         if not match:
             continue
@@ -88,10 +93,13 @@ def test_every_relative_link_and_anchor_resolves(page: Path):
 
 
 def test_a_broken_link_or_anchor_is_found(tmp_path: Path):
-    (tmp_path / "other.md").write_text("# Other page\n\n## A section\n")
+    (tmp_path / "other.md").write_text(
+        '# Other page\n\n## A section\n\n<a id="named"></a>**Named** paragraph.\n'
+    )
     page = tmp_path / "page.md"
     page.write_text(
         "# Page\n\n[ok](other.md#a-section) [self](#page) [web](https://example.com/x)\n"
+        "[explicit](other.md#named)\n"
         "[gone](missing.md) [bad anchor](other.md#nowhere)\n"
         "```\n[in code](ignored.md)\n```\n"
     )
