@@ -10,8 +10,8 @@ leader's ``Scheduler.tick`` runs):
              (median of ``--runs``; the tasks and occurrences are deleted between runs),
              with the CPU time the scheduler's process spent on it
 
-``--batch-size 1`` measures one transaction per schedule (how the scheduler fired before
-batching) for comparison.
+``--batch-size 1`` measures one transaction per schedule; ``--repo PATH`` measures another
+checkout's code (an older scheduler, say) with this script.
 
     python bench/schedule_tick.py                      # PostgreSQL and SQLite
     python bench/schedule_tick.py --only sqlite --schedules 200
@@ -53,12 +53,17 @@ def recreate_pg(database: str) -> str:
     return f"postgres://root@127.0.0.1:5432/{database}"
 
 
-def run_child(url: str, schedules: int, runs: int, batch_size: int | None) -> dict[str, Any]:
+def run_child(
+    url: str, schedules: int, runs: int, batch_size: int | None, repo: Path | None
+) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", url, "--schedules", str(schedules)]
     command += ["--runs", str(runs)]
     if batch_size:
         command += ["--batch-size", str(batch_size)]
-    done = subprocess.run(command, env=django_env(url), capture_output=True, text=True, check=False)
+    env = django_env(url)
+    if repo is not None:  # another checkout's code (its test project too), this script
+        env["PYTHONPATH"] = os.pathsep.join([str(repo), str(repo / "testproject"), str(BENCH)])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{url}: the measurement failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -134,7 +139,7 @@ def measure(schedules: int, runs: int, batch_size: int | None) -> dict[str, Any]
     return {
         "database": connection.vendor,
         "schedules": schedules,
-        "batch_size": store.BATCH_SIZE,
+        "batch_size": getattr(store, "BATCH_SIZE", 1),  # unbatched code: one per transaction
         "idle_ms": statistics.median(idle) * 1000,
         "all_due_s": statistics.median(due),
         "all_due_runs_s": due,
@@ -150,6 +155,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="default: store.BATCH_SIZE")
     parser.add_argument("--only", choices=("postgresql", "sqlite"))
     parser.add_argument("--database", default="bench_schedules")
+    parser.add_argument("--repo", type=Path, help="measure another checkout's code")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
@@ -158,11 +164,15 @@ def main() -> None:
     results = []
     if options.only in (None, "postgresql"):
         url = recreate_pg(options.database)
-        results.append(run_child(url, options.schedules, options.runs, options.batch_size))
+        results.append(
+            run_child(url, options.schedules, options.runs, options.batch_size, options.repo)
+        )
     if options.only in (None, "sqlite"):
         with tempfile.TemporaryDirectory() as folder:
             url = f"sqlite:///{os.path.join(folder, 'bench.sqlite3')}"
-            results.append(run_child(url, options.schedules, options.runs, options.batch_size))
+            results.append(
+                run_child(url, options.schedules, options.runs, options.batch_size, options.repo)
+            )
     print(
         f"{'database':<11} {'schedules':>9} {'batch':>5} {'idle tick':>10} "
         f"{'all-due tick':>13} {'(its CPU)':>10} {'load avg':>9}"

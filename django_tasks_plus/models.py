@@ -146,6 +146,19 @@ class TaskRecord(models.Model):
                 condition=Q(finished_at__isnull=False),
                 name="dtp_task_finished_idx",
             ),
+            # What READY tasks wait for (db/waiting.py), counted per queue without reading
+            # the rest of the queue: the held ones and the retries. A new task enters
+            # neither (it has no attempt yet and is not held), so enqueue pays nothing.
+            models.Index(
+                fields=["backend_name", "queue_name", "run_after"],
+                condition=Q(status="READY", held_since__isnull=False),
+                name="dtp_task_held_idx",
+            ),
+            models.Index(
+                fields=["backend_name", "queue_name", "run_after"],
+                condition=Q(status="READY", attempt__gt=0, held_since__isnull=True),
+                name="dtp_task_retry_idx",
+            ),
             # A circuit breaker holds or releases the waiting tasks of one key at once.
             models.Index(
                 fields=["backend_name", "breaker_key"],

@@ -121,13 +121,21 @@ def waiting_reason(
 
 @dataclass(frozen=True, slots=True)
 class Capped:
-    """A count read with a cap: ``at_least`` says the true number may be higher."""
+    """A count read with a cap: ``at_least`` says the true number may be higher (it is
+    "10,000+"), ``at_most`` that it may be lower (a difference with a capped count)."""
 
     count: int
     at_least: bool = False
+    at_most: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return not (self.at_least or self.at_most)
 
     def __str__(self) -> str:
-        return f"{self.count:,}+" if self.at_least else f"{self.count:,}"
+        if self.at_least:
+            return f"{self.count:,}+"
+        return f"≤ {self.count:,}" if self.at_most else f"{self.count:,}"
 
 
 def max_attempts_of(policy: object) -> int | None:

@@ -806,13 +806,10 @@ def tenant_report(context: Any, report: str) -> dict[str, Any]:
     }
 
 
-@task(takes_context=True, retry=exponential_backoff(max_attempts=1))
+@task(takes_context=True)
 def reports_occurrence(context) -> list[str]:  # type: ignore[no-untyped-def]
-    """Dies on its first attempt; run again (a redrive), returns the schedule name and
-    occurrence its metadata carries (tests/test_schedules.py)."""
+    """The schedule name and occurrence its metadata carries (tests/test_schedules.py)."""
     from django_tasks_plus.schedules import occurrence_of
 
-    if context.attempt == 1:
-        raise RuntimeError("first attempt dies; redrive me")
     found = occurrence_of(context)
     return [] if found is None else [found.schedule, found.at.isoformat()]

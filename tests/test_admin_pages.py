@@ -202,7 +202,10 @@ def test_a_dead_task_page_shows_each_attempt_and_redrive_keeps_the_history(
     assert 'class="dtp-badge dtp-badge-failed"' in listing
     assert 'class="dtp-badge dtp-badge-successful"' in listing
     assert f'title="{dead.id}"' in listing  # the full id, shown short
-    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", listing)  # seconds
+    # the date, and the time to the second (stacked in the list's narrow column)
+    assert re.search(
+        r'"dtp-date">\d{4}-\d\d-\d\d</span> <span class="dtp-clock">\d\d:\d\d:\d\d<', listing
+    )
     assert "ran " in listing  # run time of finished tasks
 
     page = admin_client.get(url("taskrecord_change", dead.id)).content.decode()
@@ -673,3 +676,63 @@ def test_a_hostile_errors_column_does_not_break_the_lists(admin_client):
         response = admin_client.get(url(name))
         assert response.status_code == 200
         assert str(row.pk) in response.content.decode()
+
+
+# -- readable lists (the layout itself: tests/test_browser.py) ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("tests.tasks.add", "tests.tasks.add"),
+        ("example.tasks.deliver_webhook", "example.tasks.deliver_webhook"),  # 29: whole
+        (
+            "acme_billing.integrations.webhooks.tasks.deliver_invoice",
+            "a.i.w.tasks.deliver_invoice",
+        ),
+        (
+            "acme_billing.integrations.webhooks.notifications.deliver_invoice",
+            "a.i.w.n.deliver_invoice",  # the module cut too, to fit
+        ),
+        (
+            "a_long_module_name.a_function_name_longer_than_the_limit",
+            "a.a_function_name_longer_than_the_limit",
+        ),
+    ],
+)
+def test_a_long_task_path_is_shortened_from_the_left(path, shown):
+    from django_tasks_plus.admin import html
+
+    assert html.short_path(path) == shown
+    assert path.endswith(shown.rsplit(".", 1)[-1])  # the function's name is always whole
+
+
+def test_the_list_shows_a_long_path_short_with_the_whole_path_on_hover(admin_client):
+    long_path = "acme_billing.integrations.webhooks.tasks.deliver_invoice"
+    dead_row(task_path=long_path)
+    page = admin_client.get(url("taskrecord_changelist")).content.decode()
+    assert f'<span class="dtp-path" title="{long_path}">a.i.w.tasks.deliver_invoice</span>' in page
+
+
+def test_the_backend_column_shows_only_with_several_backends(admin_client):
+    breaker_row()
+    worker_row()
+    for name in ("breakerrecord_changelist", "workerrecord_changelist"):
+        page = admin_client.get(url(name)).content.decode()
+        assert "column-backend_name" not in page, name
+
+
+def test_the_unfiltered_confirmation_says_it_acts_on_every_dead_task(django_user_model):
+    client = make_client("operator", django_user_model)
+    for _ in range(2):
+        dead_row()
+    page = client.get(url("taskrecord_matching", "redrive")).content.decode()
+    assert "Redrive all <strong>2</strong> dead tasks (no filter is set)?" in page
+    assert "matching <code>no filter</code>" not in page
+
+
+def test_the_dead_letters_breadcrumb_ends_with_dead_letters(admin_client):
+    page = admin_client.get(url("taskrecord_deadletters")).content.decode()
+    crumbs = page[page.index('class="breadcrumbs dtp-breadcrumbs"') :]
+    crumbs = crumbs[: crumbs.index("</div>")]
+    assert crumbs.rstrip().endswith("Dead letters")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import call_command
@@ -408,6 +409,74 @@ def test_the_admin_shows_timing_in_words_history_of_runs_and_the_overview_card(
     assert f'href="{url}"' in card and ">1 <small>+ 1 paused</small>" in card
 
 
+def test_the_admin_creates_and_edits_runtime_schedules_code_ones_stay_read_only(
+    django_user_model,
+):
+    from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+
+    from tests.conftest import admin_client_for
+
+    client = admin_client_for(
+        "operator",
+        django_user_model,
+        view=["view_schedulerecord"],
+        actions=["add_schedulerecord", "change_schedulerecord"],
+    )
+    url = "/admin/django_tasks_plus/schedulerecord/"
+    entry = {
+        "name": "digest",
+        "backend_name": "default",
+        "task_path": "tests.tasks.add",
+        "cron": "",
+        "every_seconds": "",
+        "timezone": "Europe/Berlin",
+        "args": "[1, 2]",
+        "kwargs": "{}",
+        "queue_name": "",
+        "priority": "0",
+        "catch_up": "latest",
+        "catch_up_cap": "10",
+        "overlap": "allow",
+    }
+    assert client.get(f"{url}add/").status_code == 200
+    refused = [
+        ({"cron": "61 8 * * *"}, "is not a valid cron string"),
+        ({"cron": "0 8 * * *", "every_seconds": "60"}, "not both"),
+        ({"cron": "0 8 * * *", "task_path": "tests.tasks.nowhere"}, "unknown task"),
+        ({"cron": "0 8 * * *", "timezone": "Mars/Base"}, "unknown time zone"),
+    ]
+    for change, message in refused:
+        page = client.post(f"{url}add/", {**entry, **change}).content.decode()
+        assert message in page, change
+    assert not ScheduleRecord.objects.exists()  # nothing written
+
+    response = client.post(f"{url}add/", {**entry, "cron": "0 8 * * 1-5"})
+    assert response.status_code == 302
+    row = ScheduleRecord.objects.get(name="digest")
+    assert row.source == "runtime" and row.args == [1, 2] and row.next_at is not None
+    assert row.next_at.astimezone(ZoneInfo("Europe/Berlin")).hour == 8
+
+    # Edited on its page: a new timing restarts it from its next occurrence; pausing.
+    change_url = f"{url}{row.pk}/change/"
+    assert 'name="cron"' in client.get(change_url).content.decode()
+    edited = {**entry, "every_seconds": "90", "paused": "on"}
+    assert client.post(change_url, edited).status_code == 302
+    row.refresh_from_db()
+    assert (row.cron, row.every_seconds, row.paused, row.name) == ("", 90, True, "digest")
+    actions = set(
+        LogEntry.objects.filter(object_id=str(row.pk)).values_list("action_flag", flat=True)
+    )
+    assert actions == {ADDITION, CHANGE}
+
+    # A schedule from code: its page shows it, read-only; a POST changes nothing.
+    sync(settings_of(), declared(settings_of()), T0)
+    code = ScheduleRecord.objects.get(name="tests.scheduled_tasks.every_five_minutes")
+    page = client.get(f"{url}{code.pk}/change/").content.decode()
+    assert 'name="cron"' not in page and "every 5 minutes" in page
+    assert client.post(f"{url}{code.pk}/change/", {**entry, "cron": "* * * * *"}).status_code == 403
+    assert ScheduleRecord.objects.get(pk=code.pk).cron == "*/5 * * * *"
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 
@@ -436,6 +505,24 @@ def test_fires_skips_and_misses_are_counted_per_schedule():
     assert stored["schedule_misses{schedule=adder}"] == 2
     assert stored["schedule_skips{schedule=adder}"] == 1
 
+    # The same on the Prometheus endpoint.
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("ops", "ops@example.com", "pw"))
+    text = client.get("/tasks/metrics/").content.decode()
+    samples = {
+        (sample.name, sample.labels.get("schedule")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("backend") == "default"
+    }
+    assert samples[("django_tasks_plus_schedule_fires_total", "adder")] == 1
+    assert samples[("django_tasks_plus_schedule_misses_total", "adder")] == 2
+    assert samples[("django_tasks_plus_schedule_skips_total", "adder")] == 1
+
 
 # -- the occurrence in the task's metadata --------------------------------------------------
 
@@ -460,13 +547,14 @@ def test_the_task_knows_its_schedule_and_occurrence_even_after_a_redrive(run_wor
     with pytest.raises(TypeError, match="takes a TaskContext"):
         occurrence_of(42)
 
-    # The first attempt dies; the redriven run still carries the occurrence.
+    # The worker hands it to the task (its context), by the same accessor.
     assert run_worker("--burst").returncode == 0
     first = TaskRecord.objects.get(pk=occurrence_tasks("reporter")[0])
-    assert first.status == TaskResultStatus.FAILED
-    redrive(str(first.pk))
-    assert run_worker("--burst").returncode == 0
-    first.refresh_from_db()
     assert first.status == TaskResultStatus.SUCCESSFUL
     assert first.return_value == ["reporter", T0.isoformat()]
+    # A redrive keeps it: the keys live for the call.
+    TaskRecord.objects.filter(pk=first.pk).update(status=TaskResultStatus.FAILED)
+    redrive(str(first.pk))
+    assert TaskRecord.objects.get(pk=first.pk).status == TaskResultStatus.READY
+    assert occurrence_of(str(first.pk)) == Occurrence("reporter", T0)
     assert occurrence_of({"schedule.name": "x"}) is None  # a map without an occurrence

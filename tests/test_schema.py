@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -911,4 +912,89 @@ def test_other_classes_are_checked_with_isinstance():
     assert str(exc) == "tests.tasks.send(): payload['total'] must be Money, got str ('12 EUR')"
     assert "payload['refund'] must be Money | None, got int (3)" in str(
         error_of(schema, {"total": Money(), "refund": 3})
+    )
+
+
+@dataclass
+class Collections:
+    items: Iterable[int] = ()
+
+
+def test_an_iterable_is_checked_item_by_item_and_refuses_a_string():
+    """main let any iterable through (an instance check only), strings included."""
+    schema = compile_schema(Collections, where=WHERE)
+    assert schema.validate({"items": [1, 2]})
+    assert schema.validate({"items": (1, 2)})
+    item = error_of(schema, {"items": [1, "2"]})
+    assert str(item) == "tests.tasks.send(): payload['items'][1] must be int, got str ('2')"
+    text = error_of(schema, {"items": "12"})
+    assert str(text) == "tests.tasks.send(): payload['items'] must be Iterable[int], got str ('12')"
+
+
+@dataclass
+class OnlyDeque:
+    queue: deque[int]
+
+
+def test_a_deque_is_refused_at_definition():
+    """A deque cannot be stored, so no call could pass it: said when the task is defined."""
+    with pytest.raises(InvalidTaskOptions) as info:
+        compile_schema(OnlyDeque, where=WHERE)
+    assert str(info.value) == (
+        "tests.tasks.send: schema OnlyDeque: field OnlyDeque.queue: deque[int] cannot be checked"
+    )
+
+
+@dataclass
+class MaybeScores:
+    scores: dict[str, float] | None = None
+
+
+def test_a_dict_inside_a_union_names_its_bad_value_and_its_bad_key():
+    schema = compile_schema(MaybeScores, where=WHERE)
+    assert schema.validate({"scores": None})
+    value = error_of(schema, {"scores": {"a": 1.0, "b": "x"}})
+    assert str(value) == "tests.tasks.send(): payload['scores']['b'] must be float, got str ('x')"
+    assert value.field_path == ("scores", "b")
+    key = error_of(schema, {"scores": {"a": 1.0, 2: 1.0}})
+    assert str(key) == (
+        "tests.tasks.send(): payload['scores'] has an invalid key 2: must be str, got int (2)"
+    )
+
+
+@dataclass
+class Loose:
+    ref: str | uuid.UUID | list[int]
+
+
+def test_a_fallback_union_reports_the_error_inside_the_arm_the_value_was_shaped_for():
+    schema = compile_schema(Loose, where=WHERE)
+    assert schema.validate({"ref": [1, 2]})
+    exc = error_of(schema, {"ref": [1, "2"]})
+    assert str(exc) == "tests.tasks.send(): payload['ref'][1] must be int, got str ('2')"
+    assert exc.field_path == ("ref", 1)
+    flat = error_of(schema, {"ref": 3})
+    assert (
+        str(flat)
+        == "tests.tasks.send(): payload['ref'] must be str | UUID | list[int], got int (3)"
+    )
+
+
+@requires_pydantic
+def test_a_nested_pydantic_error_keeps_pydantics_error_as_its_cause():
+    exc = error_of(compile_schema(WithPydantic, where=WHERE), {"user": {"name": "Ada"}})
+    assert str(exc) == "tests.tasks.send(): payload['user'] is missing required field 'age'"
+    assert exc.field_path == ("user", "age")
+    assert isinstance(exc.__cause__, pydantic.ValidationError)
+
+
+@dataclass
+class Spelled:
+    values: list[Optional[int]]  # noqa: UP045 - the typing spelling, nested
+
+
+def test_a_nested_typing_optional_is_named_as_a_union():
+    exc = error_of(compile_schema(Spelled, where=WHERE), {"values": "1"})
+    assert (
+        str(exc) == "tests.tasks.send(): payload['values'] must be list[int | None], got str ('1')"
     )

@@ -158,7 +158,21 @@ def test_counts_past_the_cap_are_lower_bounds_and_queues_outside_settings_are_fo
         _row(run_after=now + timedelta(hours=1), queue_name="unlisted")
     queues = {q.queue: q for q in metrics.queue_waiting("default", now=now, cap=2)}
     unlisted = queues["unlisted"]
-    assert unlisted.waiting[Reason.DUE] == Capped(2, True)
-    assert unlisted.waiting[Reason.SCHEDULED] == Capped(2, True)
+    assert unlisted.waiting[Reason.DUE] == Capped(2, at_least=True)
+    assert unlisted.waiting[Reason.SCHEDULED] == Capped(2, at_least=True)
     assert str(unlisted.ready) == "4+"
-    assert not unlisted.oldest_exact
+    # The oldest due task is the first of its index range, whatever the queue's size.
+    assert unlisted.oldest_exact and unlisted.oldest_runnable_age == pytest.approx(1, abs=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_past_the_scan_blocked_and_due_are_lower_bounds_from_the_oldest_due_tasks():
+    now = timezone.now()
+    _row(run_after=now - timedelta(minutes=3), key="a")
+    _row(run_after=now - timedelta(minutes=2), key="a")  # blocked by the first
+    _row(run_after=now - timedelta(minutes=1), key="b")
+    emails = {q.queue: q for q in metrics.queue_waiting("default", now=now, scan=2)}["emails"]
+    assert (str(emails.waiting[Reason.BLOCKED]), str(emails.waiting[Reason.DUE])) == ("1+", "1+")
+    assert emails.oldest_exact and emails.oldest_runnable_age == pytest.approx(180, abs=2)
+    whole = {q.queue: q for q in metrics.queue_waiting("default", now=now)}["emails"]
+    assert (whole.waiting[Reason.BLOCKED], whole.waiting[Reason.DUE]) == (Capped(1), Capped(2))

@@ -62,7 +62,7 @@ class BreakerRecordAdmin(ReadOnlyAdmin):
         "opened",
         "probe",
         "held",
-        "updated",
+        # "updated" is on each circuit's page: the list keeps what an operator acts on.
         "backend_name",
     )
     list_display_links = ("name", "key")

@@ -120,6 +120,7 @@ def build(
                 reason.value: Capped(
                     sum(q.waiting[reason].count for q in queues),
                     any(q.waiting[reason].at_least for q in queues),
+                    any(q.waiting[reason].at_most for q in queues),
                 )
                 for reason in Reason
             },

@@ -4,9 +4,10 @@ defined; pause, resume and run-now as admin actions. A schedule's own page adds 
 history of its runs: each occurrence acted on, with its task (linked) and that task's
 status.
 
-The rows are read-only here: a schedule from code or settings is edited there, a runtime
-one through ``schedules.api``. The actions need the model's change permission
-(``django_tasks_plus.change_schedulerecord``) and are logged under the operator.
+A runtime schedule is created here (``add_schedulerecord``) and edited on its page
+(``change_schedulerecord``), through ``schedules.api`` (``schedule_form.py`` checks the
+entry first); a schedule from code or settings is edited there, so its page is
+read-only. The actions need the change permission and are logged under the operator.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..models import ScheduleOccurrence, ScheduleRecord, TaskRecord
 from ..schedules import ScheduleError, api
+from ..schedules.declared import RUNTIME
 from ..schedules.store import spec_of
 from ..schedules.words import describe
 from . import html
 from .base import ReadOnlyAdmin, log_change
+from .display import ago
+from .schedule_form import FIXED_ON_CHANGE, ScheduleForm
 
 HISTORY_LENGTH = 50
 """Occurrences shown on a schedule's page, the latest first (the table keeps them all)."""
@@ -70,6 +75,61 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
         "last_run",
         "history",
     )
+    form = ScheduleForm
+    # A runtime schedule's form: what the operator sets, then what the scheduler keeps.
+    editable_fieldsets = (
+        (None, {"fields": ("name", "backend_name", "task_path", "paused")}),
+        (_("When"), {"fields": ("cron", "every_seconds", "timezone")}),
+        (_("Call"), {"fields": ("args", "kwargs", "queue_name", "priority")}),
+        (_("Policies"), {"fields": ("catch_up", "catch_up_cap", "overlap")}),
+    )
+    state_fieldsets = (
+        (_("State"), {"fields": ("state", "in_words", "next_occurrence")}),
+        (_("Runs"), {"fields": ("last_run", "history")}),
+    )
+
+    # -- creating and editing runtime schedules -------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{ScheduleRecord._meta.app_label}.add_schedulerecord")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.source != RUNTIME:
+            return False  # edited in its code or settings
+        return self.has_operate_permission(request)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return self.editable_fieldsets
+        if self.has_change_permission(request, obj):
+            return self.editable_fieldsets + self.state_fieldsets
+        return self.fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.readonly_fields + (FIXED_ON_CHANGE if obj is not None else ())
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Through ``schedules.api``, like every writer of the table: a new timing
+        restarts the schedule from its next occurrence, pausing keeps its place."""
+        options = form.api_options()
+        if change:
+            was_paused = ScheduleRecord.objects.filter(pk=obj.pk).values_list("paused", flat=True)
+            row = api.update(obj.name, backend=obj.backend_name, **options)
+            if obj.paused and not was_paused.first():
+                row = api.pause(obj.name, backend=obj.backend_name)
+            elif not obj.paused and was_paused.first():
+                row = api.resume(obj.name, backend=obj.backend_name)
+        else:
+            row = api.create(
+                obj.name,
+                options.pop("task"),
+                options.pop("when"),
+                paused=obj.paused,
+                backend=obj.backend_name,
+                **options,
+            )
+        obj.pk, obj.next_at = row.pk, row.next_at
+        obj._state.adding = False
 
     @admin.display(description=_("when"))
     def in_words(self, row: ScheduleRecord) -> str:
@@ -88,6 +148,8 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("next occurrence"), ordering="next_at")
     def next_occurrence(self, row: ScheduleRecord) -> Any:
+        if row.paused or not row.enabled:
+            return html.EMPTY  # a resumed schedule continues from the moment it resumes
         return html.moment(row.next_at)
 
     @admin.display(description=_("last fired"), ordering="last_fired_at")
@@ -99,10 +161,14 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
         """When it last fired, its task (linked) and the task's status."""
         if row.last_task_id is None:
             return html.moment(row.last_fired_at)
+        # Which task and how it went, then how long ago (the time itself on hover): a
+        # list row stays a few lines tall.
+        fired = row.last_fired_at
         return format_html(
-            "{}<br>{}",
-            html.moment(row.last_fired_at),
+            '{}<br><span class="dtp-note" title="{}">{}</span>',
             run_cell(row.last_task_id, getattr(row, "last_status", None)),
+            fired.isoformat() if fired else "",
+            ago(fired, timezone.now()) if fired else "",
         )
 
     @admin.display(description=_("history of runs"))
@@ -190,7 +256,7 @@ def task_statuses(task_ids: Iterable[Any]) -> dict[Any, str]:
 
 
 def run_cell(task_id: Any, status: str | None) -> SafeString:
-    """A run: its task's short id (linked) and status; "pruned" once the task is gone."""
+    """A run: its task's status and short id (linked); "pruned" once the task is gone."""
     return format_html(
-        "{} {}", html.task_link(task_id), html.badge(status.lower()) if status else _("pruned")
+        "{} {}", html.badge(status.lower()) if status else _("pruned"), html.task_link(task_id)
     )

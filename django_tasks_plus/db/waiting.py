@@ -2,9 +2,12 @@
 of one in its ordering key, the rows of one reason, and per-queue counts that stay cheap
 on a million READY rows.
 
-The counts never scan a queue: each reads at most ``cap + 1`` rows in the claim index's
-order (``dtp_task_claim_idx``), so a page that shows them costs the same on a thousand
-rows or a million; past the cap they are lower bounds ("10,000+"). The blocked test is
+The counts never scan a queue: each reads at most ``cap + 1`` entries of an index that
+holds only the rows it counts (the claim index one priority level at a time, and the
+partial indexes of held and retrying READY tasks), so a page that shows them costs about
+the same on a thousand rows or a million; past the cap a count is a bound ("10,000+").
+Telling blocked from runnable due tasks takes a probe or two per task, so only the
+oldest ``BLOCKED_SCAN`` due tasks are tested; past them both are lower bounds. The blocked test is
 the claim's (``sql.ORDERING_HEAD``): an earlier task of the key that is READY, RUNNING
 or dead and blocking it, or a RUNNING task of the key; each probe walks
 ``dtp_task_ordering_idx`` backwards from the task.
@@ -17,7 +20,18 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Case,
+    Exists,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 
 from ..compat import TaskResultStatus
@@ -25,8 +39,11 @@ from ..models import TaskRecord
 from ..waiting import Capped, Reason
 
 READY, RUNNING, FAILED = TaskResultStatus.READY, TaskResultStatus.RUNNING, TaskResultStatus.FAILED
-# Rows a count reads at most, per queue and kind (due, not yet due).
+# Index entries a count reads at most, per queue and kind.
 COUNT_CAP = 10_000
+# Due tasks tested against their ordering key at most, per queue (each test is an index
+# probe or two): past it, "blocked" and "due now" are lower bounds.
+BLOCKED_SCAN = 1_000
 
 # The queues holding READY tasks of a backend, one index probe each (a loose scan of
 # dtp_task_claim_idx), instead of a DISTINCT over every READY row. PostgreSQL and SQLite
@@ -111,43 +128,119 @@ def ready_queues(database: str, backend: str) -> list[str]:
         return [str(row[0]) for row in cursor.fetchall()]
 
 
+def _capped_count(rows: QuerySet[TaskRecord], cap: int) -> Capped:
+    """``SELECT COUNT(*) FROM (… LIMIT cap + 1)``: reads at most ``cap + 1`` rows."""
+    found = rows.values("pk")[: cap + 1].count()
+    return Capped(cap, at_least=True) if found > cap else Capped(found)
+
+
+def _levels(ready: QuerySet[TaskRecord]) -> list[int]:
+    """The priorities present among the READY rows, highest first: one probe of the
+    claim index each (the claim's own walk, ``sql.CLAIM_LEVELS``)."""
+    levels: list[int] = []
+    top = ready.aggregate(top=Max("priority"))["top"]
+    while top is not None:
+        levels.append(top)
+        top = ready.filter(priority__lt=top).aggregate(top=Max("priority"))["top"]
+    return levels
+
+
+def _by_level(ready: QuerySet[TaskRecord], levels: list[int], cap: int, **where: Any) -> Capped:
+    """Rows matching ``where`` at every level, each level one range of the claim index
+    (priority fixed, then ``run_after``), together at most ``cap + 1`` rows read."""
+    total = 0
+    for level in levels:
+        left = cap - total
+        counted = _capped_count(ready.filter(priority=level, **where), left)
+        total += counted.count
+        if counted.at_least:
+            return Capped(cap, at_least=True)
+    return Capped(total)
+
+
+def _blocked_flag() -> Case:
+    """True when the row waits behind its ordering key; no probe for a row without one."""
+    return Case(
+        When(ordering_key__isnull=True, then=Value(False)),
+        default=Exists(_earlier_in_the_way()) | Exists(_running_of_key()),
+        output_field=BooleanField(),
+    )
+
+
+def _due_scan(
+    ready: QuerySet[TaskRecord], levels: list[int], now: datetime, scan: int
+) -> tuple[int, int, datetime | None, bool]:
+    """The first ``scan`` due tasks in claim order, each tested against its key: how
+    many were read, how many of them are blocked, the earliest due time of one that is
+    not, and whether the scan read every due task (then the figures are exact)."""
+    read = blocked = 0
+    oldest: datetime | None = None
+    for level in levels:
+        rows = (
+            ready.filter(priority=level, run_after__lte=now)
+            .order_by("run_after", "id")
+            .annotate(blocked=_blocked_flag())
+            .values_list("run_after", "blocked")[: scan - read + 1]
+        )
+        for run_after, is_blocked in rows:
+            read += 1
+            if read > scan:
+                return scan, blocked, oldest, False
+            if is_blocked:
+                blocked += 1
+            elif oldest is None or run_after < oldest:
+                oldest = run_after
+    return read, blocked, oldest, True
+
+
 def queue_waiting(
-    database: str, backend: str, queue: str, now: datetime, cap: int = COUNT_CAP
+    database: str,
+    backend: str,
+    queue: str,
+    now: datetime,
+    cap: int = COUNT_CAP,
+    scan: int = BLOCKED_SCAN,
 ) -> WaitingCounts:
-    """Two reads of at most ``cap + 1`` rows each, in claim order: the due tasks (each
-    tested for a blocker) and the later ones (split by held, retrying, scheduled)."""
+    """One queue's READY tasks by reason, each count reading at most ``cap + 1`` index
+    entries: the later ones per priority level (the claim index), the held ones and the
+    retries (their own partial indexes); the due ones are read oldest first, at most
+    ``scan`` of them, each tested against its ordering key (blocked or could run)."""
     ready = TaskRecord.objects.using(database).filter(
         backend_name=backend, queue_name=queue, status=READY
     )
-    claim_order = ("-priority", "run_after", "id")
-    due_rows: list[Any] = list(
-        ready.filter(run_after__lte=now)
-        .order_by(*claim_order)
-        .annotate(blocked=Exists(_earlier_in_the_way()) | Exists(_running_of_key()))
-        .values_list("run_after", "blocked", "ordering_key")[: cap + 1]
+    levels = _levels(ready)
+    held = _capped_count(ready.filter(held_since__isnull=False, run_after__gt=now), cap)
+    retrying = _capped_count(
+        ready.filter(attempt__gt=0, held_since__isnull=True, run_after__gt=now), cap
     )
-    later_rows = list(
-        ready.filter(run_after__gt=now)
-        .order_by(*claim_order)
-        .values_list("attempt", "held_since")[: cap + 1]
+    # Later rows, read far enough to leave ``cap`` scheduled ones past the other two.
+    room = cap + held.count + retrying.count
+    later = _by_level(ready, levels, room, run_after__gt=now)
+    scheduled = Capped(
+        max(0, later.count - held.count - retrying.count),
+        at_least=later.at_least,
+        at_most=not later.at_least and not (held.exact and retrying.exact),
     )
-    due_more, later_more = len(due_rows) > cap, len(later_rows) > cap
-    due_rows, later_rows = due_rows[:cap], later_rows[:cap]
-    runnable = [run_after for run_after, blocked, key in due_rows if not (key and blocked)]
-    held = sum(1 for _attempt, since in later_rows if since is not None)
-    retrying = sum(1 for attempt, since in later_rows if since is None and attempt > 0)
-    counts = {
-        Reason.DUE: Capped(len(runnable), due_more),
-        Reason.BLOCKED: Capped(len(due_rows) - len(runnable), due_more),
-        Reason.HELD: Capped(held, later_more),
-        Reason.RETRYING: Capped(retrying, later_more),
-        Reason.SCHEDULED: Capped(len(later_rows) - held - retrying, later_more),
-    }
+    read, blocked_count, oldest, whole = _due_scan(ready, levels, now, min(scan, cap))
+    if whole:  # every due task was tested: both exact
+        blocked = Capped(blocked_count)
+        runnable = Capped(read - blocked_count)
+    else:  # of the first ``scan`` due tasks (the oldest): lower bounds
+        blocked = Capped(blocked_count, at_least=True)
+        runnable = Capped(read - blocked_count, at_least=True)
+    # The oldest due task that could run is among those read unless all were blocked.
+    oldest_exact = whole or oldest is not None
     return WaitingCounts(
         queue=queue,
-        counts=counts,
-        oldest_runnable=min(runnable, default=None),
-        oldest_exact=not due_more,
+        counts={
+            Reason.DUE: runnable,
+            Reason.BLOCKED: blocked,
+            Reason.HELD: held,
+            Reason.RETRYING: retrying,
+            Reason.SCHEDULED: scheduled,
+        },
+        oldest_runnable=oldest,
+        oldest_exact=oldest_exact,
     )
 
 

@@ -167,9 +167,9 @@ def queue_gauges(
 class QueueWaiting:
     """One queue now, its READY tasks split by what they wait for (``waiting.Reason``).
 
-    Each count reads at most ``cap`` rows (``db/waiting.py``), so past it a count is a
-    lower bound (``Capped.at_least``); ``oldest_runnable_age`` counts only tasks that
-    could run now (due, not held, not blocked by their ordering key)."""
+    Each count reads at most ``cap`` index entries (``db/waiting.py``), so past it a
+    count is a bound (``Capped``: "10,000+"); ``oldest_runnable_age`` counts only tasks
+    that could run now (due, not held, not blocked by their ordering key)."""
 
     queue: str
     waiting: dict[Reason, Capped]
@@ -182,7 +182,10 @@ class QueueWaiting:
     def ready(self) -> Capped:
         """Every READY task, whatever it waits for."""
         values = self.waiting.values()
-        return Capped(sum(c.count for c in values), any(c.at_least for c in values))
+        more = any(c.at_least for c in values)
+        return Capped(
+            sum(c.count for c in values), more, not more and any(c.at_most for c in values)
+        )
 
 
 def queue_waiting(
@@ -190,6 +193,7 @@ def queue_waiting(
     *,
     now: datetime | None = None,
     cap: int = waiting_store.COUNT_CAP,
+    scan: int = waiting_store.BLOCKED_SCAN,
 ) -> list[QueueWaiting]:
     """Per queue (configured first, then any other with READY, RUNNING or FAILED tasks):
     what its READY tasks wait for, RUNNING and dead counts. Never a scan of the READY
@@ -204,7 +208,7 @@ def queue_waiting(
             names.append(name)
     found = []
     for name in names:
-        counted = waiting_store.queue_waiting(database, backend, name, now, cap)
+        counted = waiting_store.queue_waiting(database, backend, name, now, cap, scan)
         oldest = counted.oldest_runnable
         found.append(
             QueueWaiting(

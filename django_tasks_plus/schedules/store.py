@@ -19,7 +19,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, cast
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 from django.db.models import Field
 
 from .. import events
@@ -196,6 +196,8 @@ def fire_due(settings: BackendSettings, clock: Callable[[], datetime]) -> int:
         try:
             fired += fire_batch(settings, batch, clock)
             continue
+        except (OperationalError, InterfaceError):
+            raise  # the database is unreachable or busy: the tick retries later
         except Exception as exc:
             logger.info(
                 "A batch of %s schedules rolled back (%s); firing them one by one", len(batch), exc

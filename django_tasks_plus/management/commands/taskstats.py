@@ -60,8 +60,9 @@ def snapshot(backend: str, *, now: datetime | None = None) -> dict[str, Any]:
                 # READY tasks that could run now: due, not held, not blocked.
                 "ready": queue.waiting[Reason.DUE].count,
                 **{reason.value: queue.waiting[reason].count for reason in REASONS[1:]},
-                # The counts read at most a cap of rows: these are lower bounds.
+                # The counts read at most a cap of rows: these are bounds, not exact.
                 "at_least": [r.value for r in REASONS if queue.waiting[r].at_least],
+                "at_most": [r.value for r in REASONS if queue.waiting[r].at_most],
                 "running": queue.running,
                 "dead": queue.dead,
                 "oldest_ready_age": queue.oldest_runnable_age,
@@ -107,7 +108,8 @@ def snapshot(backend: str, *, now: datetime | None = None) -> dict[str, Any]:
 def _waiting(queue: dict[str, Any], reason: Reason) -> str:
     """One reason's count of a ``snapshot`` queue, "10,000+" when it is a lower bound."""
     key = "ready" if reason is Reason.DUE else reason.value
-    return str(Capped(queue[key], reason.value in queue["at_least"]))
+    bounds = reason.value in queue["at_least"], reason.value in queue.get("at_most", ())
+    return str(Capped(queue[key], *bounds))
 
 
 def _table(headings: list[str], rows: list[list[str]]) -> list[str]:
