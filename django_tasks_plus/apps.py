@@ -1,11 +1,82 @@
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
+if TYPE_CHECKING:
+    from .events import EventBus
+    from .metrics.aggregate import Aggregator
+    from .metrics.catalog import FeatureCounters
+
+T = TypeVar("T")
+
 
 class TasksPlusConfig(AppConfig):
+    """The app, and the owner of the registries the process fills while it runs.
+
+    - ``event_bus``: the event names and their subscribers (``events.bus()``);
+    - ``feature_counters``: the counters features registered (``metrics.register_counter``);
+    - ``aggregator``: what this process counted and has not flushed yet
+      (``metrics.flush()``; flushed once more when the process exits).
+
+    Each is built on first use: another app's ``ready()`` may subscribe before this one's
+    has run. ``reset()`` puts them back to the app's own state (tests; see
+    ``django_tasks_plus.registries``).
+    """
+
     name = "django_tasks_plus"
     verbose_name = _("Tasks")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def __init__(self, app_name: str, app_module: Any) -> None:
+        super().__init__(app_name, app_module)
+        self._owned_lock = threading.Lock()
+        self._exit_flush = False
+
+    def _owned(self, attribute: str, build: Callable[[], T]) -> T:
+        try:
+            return self.__dict__[attribute]
+        except KeyError:
+            with self._owned_lock:
+                if attribute not in self.__dict__:
+                    self.__dict__[attribute] = build()
+                return self.__dict__[attribute]
+
+    @property
+    def event_bus(self) -> EventBus:
+        from .events import NAMES, EventBus
+
+        return self._owned("_event_bus", lambda: EventBus(NAMES))
+
+    @property
+    def feature_counters(self) -> FeatureCounters:
+        from .metrics.catalog import FeatureCounters
+
+        return self._owned("_feature_counters", FeatureCounters)
+
+    @property
+    def aggregator(self) -> Aggregator:
+        from .metrics.aggregate import Aggregator
+
+        return self._owned("_aggregator", Aggregator)
+
+    def reset(self) -> None:
+        """Back to the app's own state (tests): every subscriber, feature event name,
+        feature counter and extension entry the app did not register itself goes, what
+        was counted is dropped unwritten, and the aggregator subscribes again."""
+        from . import extensions
+        from .metrics import install
+
+        self.event_bus.reset()
+        self.feature_counters.reset()
+        extensions.reset()
+        self.aggregator.reset()
+        install()
 
     def ready(self) -> None:
         # Importing compat loads the framework's signals and system checks, also on the
@@ -30,3 +101,6 @@ class TasksPlusConfig(AppConfig):
         install_schedules()  # before install(): its counters are counted too
         # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).
         install()
+        if not self._exit_flush:  # what is left is written when the process exits
+            atexit.register(self.aggregator.flush_at_exit)
+            self._exit_flush = True

@@ -128,11 +128,19 @@ class DatabaseBackend(compat.BaseTaskBackend):
         """Insert the task on the caller's connection, inside the caller's transaction."""
         return self.enqueue_many(task, [(args, kwargs)])[0]
 
-    def enqueue_many(self, task: compat.Task, calls: Iterable[Any]) -> list[compat.TaskResult]:
+    def enqueue_many(
+        self,
+        task: compat.Task,
+        calls: Iterable[Any],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> list[compat.TaskResult]:
         """Enqueue one task per ``(args, kwargs)`` call: all rows or none.
 
         With a ``dedup_key`` the key governs the whole batch: if it is held, nothing is
         inserted and the results of the tasks holding it are returned instead.
+        ``metadata`` starts every row's map (a feature's per-call data, such as a
+        schedule's occurrence); the enqueue middleware sees it and may add to it.
 
         The pipeline (``envelope.py``): validate → build → middleware → write → results.
         """
@@ -144,6 +152,8 @@ class DatabaseBackend(compat.BaseTaskBackend):
             (_split_call(call, index) for index, call in enumerate(calls)),
             now=timezone.now(),
         )
+        if metadata:
+            envelope = envelope.with_metadata(**metadata)
         if not envelope.calls:
             return []
         chain = self._enqueue_chain(task)

@@ -23,9 +23,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .compat import TaskResultStatus
+from .registries import app, installed_app
 
 if TYPE_CHECKING:
     from .compat import Task, TaskResult
@@ -128,14 +130,15 @@ Handler = Callable[[Event], object]
 
 
 class EventBus:
-    """The app's event registry: the event names and who listens to each.
+    """The app's event registry: the event names and who listens to each. The app owns
+    the one in use (``bus()``: its ``AppConfig.event_bus``).
 
     The engine's names are built in; a feature registers the names it emits
     (``register_names``) before anyone may subscribe to them. ``handlers`` (name ->
     handlers) is replaced as a whole under the lock, never changed in place, so emitting
     reads it without a lock; a name with no handler has no key. ``reset()`` forgets every
     subscriber and every feature's name (tests; ``metrics.install()`` subscribes the
-    aggregator again)."""
+    aggregator again; ``registries.reset()`` does both)."""
 
     def __init__(self, builtin: frozenset[str]) -> None:
         self.builtin = builtin
@@ -210,12 +213,26 @@ class EventBus:
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 
-bus = EventBus(NAMES)
+_NO_HANDLERS: Mapping[str, tuple[Handler, ...]] = MappingProxyType({})
+
+
+def bus() -> EventBus:
+    """The app's event bus (owned by the installed app, ``apps.TasksPlusConfig``)."""
+    return cast(EventBus, app().event_bus)
+
+
+def _handlers() -> Mapping[str, tuple[Handler, ...]]:
+    """The subscribers by name, read without a lock; none when the app is not installed
+    (emitting never raises)."""
+    config = installed_app()
+    if config is None:
+        return _NO_HANDLERS
+    return cast(EventBus, config.event_bus).handlers
 
 
 def register_names(*names: str, builtin: bool = False) -> None:
-    """A feature's event names (``bus.register_names``)."""
-    bus.register_names(*names, builtin=builtin)
+    """A feature's event names (``bus().register_names``)."""
+    bus().register_names(*names, builtin=builtin)
 
 
 # -- subscribing --------------------------------------------------------------------------
@@ -238,15 +255,15 @@ def _method_of(bound: Handler) -> object:
 
 
 def subscribe(handler: Handler, *names: str) -> Handler:
-    """``bus.subscribe``: call ``handler(event)`` for each event named (every event when
+    """``bus().subscribe``: call ``handler(event)`` for each event named (every event when
     none is named); returns ``handler``, so a bare ``@subscribe`` decorates a function."""
-    return bus.subscribe(handler, *names)
+    return bus().subscribe(handler, *names)
 
 
 def unsubscribe(handler: Handler, *names: str) -> None:
-    """``bus.unsubscribe``: stop calling ``handler`` for the events named (every event
+    """``bus().unsubscribe``: stop calling ``handler`` for the events named (every event
     when none is)."""
-    bus.unsubscribe(handler, *names)
+    bus().unsubscribe(handler, *names)
 
 
 @contextmanager
@@ -261,7 +278,7 @@ def subscribed(handler: Handler, *names: str) -> Iterator[Handler]:
 
 def listened(name: str) -> bool:
     """Whether anyone subscribed to ``name``: check it before building anything costly."""
-    return name in bus.handlers
+    return name in _handlers()
 
 
 def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]) -> None:
@@ -269,7 +286,7 @@ def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]
 
     The helpers below call this, and so do the features for the names they registered.
     """
-    handlers = bus.handlers.get(name)
+    handlers = _handlers().get(name)
     if not handlers:
         return
     event = Event(name, measurements, labels, time.time())
@@ -285,7 +302,7 @@ def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]
 
 def emit_enqueued(backend: str, results: Sequence[TaskResult]) -> None:
     """One event per enqueue call, after commit; ``count`` is the number of rows."""
-    if TASK_ENQUEUED not in bus.handlers or not results:
+    if TASK_ENQUEUED not in _handlers() or not results:
         return
     task = results[0].task
     emit(
@@ -334,7 +351,7 @@ def emit_claimed(
     backend: str, worker_id: str, queues: Sequence[str], count: int, limit: int, seconds: float
 ) -> None:
     """One claim statement returned ``count`` tasks (asked for ``limit``) in ``seconds``."""
-    if TASKS_CLAIMED not in bus.handlers:
+    if TASKS_CLAIMED not in _handlers():
         return
     emit(
         TASKS_CLAIMED,
@@ -355,7 +372,7 @@ def _task_labels(claimed: ClaimedTask) -> dict[str, Any]:
 
 def emit_started(claimed: ClaimedTask, started: datetime) -> None:
     """About to call the task function; ``queue_time`` is how long it waited once due."""
-    if TASK_STARTED not in bus.handlers:
+    if TASK_STARTED not in _handlers():
         return
     labels = _task_labels(claimed)
     labels["priority"] = claimed.priority
@@ -380,16 +397,17 @@ def emit_outcome(
 
     Called on the worker's outcome-writer thread, so it never raises.
     """
-    if not bus.handlers:  # the common case, decided before anything else
+    handlers = _handlers()
+    if not handlers:  # the common case, decided before anything else
         return
     try:
         if outcome.status == TaskResultStatus.SUCCESSFUL:
-            if TASK_SUCCEEDED in bus.handlers:
+            if TASK_SUCCEEDED in handlers:
                 emit(TASK_SUCCEEDED, _attempt_numbers(claimed, run_time), _task_labels(claimed))
             return
         if outcome.error is None:
             if outcome.held_because is not None:
-                if TASK_HELD in bus.handlers:
+                if TASK_HELD in handlers:
                     run_after = outcome.values.get("run_after")
                     emit(
                         TASK_HELD,
@@ -401,7 +419,7 @@ def emit_outcome(
                         },
                     )
                 return
-            if TASK_DEFERRED in bus.handlers and outcome.status == TaskResultStatus.READY:
+            if TASK_DEFERRED in handlers and outcome.status == TaskResultStatus.READY:
                 run_after = outcome.values.get("run_after")
                 emit(
                     TASK_DEFERRED,
@@ -421,7 +439,7 @@ def _emit_failure(
     clock: Callable[[], datetime],
 ) -> None:
     """``task.attempt_failed``, then what became of the task."""
-    if _FAILURE_NAMES.isdisjoint(bus.handlers):
+    if _FAILURE_NAMES.isdisjoint(_handlers()):
         return
     error = outcome.error or {}
     labels = {**_task_labels(claimed), "exception": error.get("exception_class_path")}
@@ -460,7 +478,7 @@ def _delay(run_after: Any, clock: Callable[[], datetime]) -> dict[str, float]:
 
 def emit_lease_lost(worker_id: str, tasks: Sequence[ClaimedTask]) -> None:
     """This worker's leases on ``tasks`` were taken over; one event per task."""
-    if TASK_LEASE_LOST not in bus.handlers:
+    if TASK_LEASE_LOST not in _handlers():
         return
     for claimed in tasks:
         emit(
@@ -474,7 +492,7 @@ def emit_reaped(claimed: ClaimedTask, outcome: Transition, now: datetime) -> Non
     """An expired lease was settled: ``task.reaped``, then the attempt's outcome events
     (its ``worker_id`` is the worker that stopped renewing the lease)."""
     try:
-        if TASK_REAPED in bus.handlers:
+        if TASK_REAPED in _handlers():
             emit(
                 TASK_REAPED,
                 {"attempt": claimed.attempt},

@@ -3,7 +3,8 @@
 # tasks, a steady trickle of more (some retrying, some dead-lettered, some held by a
 # circuit breaker), a worker in the background and the development server in the
 # foreground. Ctrl-C stops all three: the worker finishes its running tasks (up to
-# DEMO_SHUTDOWN_TIMEOUT seconds) and the script exits 0.
+# DEMO_SHUTDOWN_TIMEOUT seconds) and the script exits 0 (run through `make demo`, make
+# itself dies of the SIGINT and reports 130 whatever the script does).
 #
 # Environment knobs:
 #   PYTHON               interpreter for .venv when it has to be created (default python3)
@@ -122,6 +123,7 @@ if ! kill -0 "$worker_pid" 2>/dev/null; then
     echo "WARNING: the worker (manage.py runtasks) exited at once; see its output above." >&2
 fi
 
+versions=$("$PY" -c 'import sys, django; print(f"Django {django.get_version()} on Python {sys.version.split()[0]}")')
 trickle_text="no trickle (DEMO_TRICKLE=0 or DEMO_ENQUEUE=0)"
 if [[ -n $trickle_pid ]]; then
     trickle_text="a few more every $TRICKLE s (manage.py enqueue_demo --trickle, pid $trickle_pid)"
@@ -138,6 +140,7 @@ cat <<EOF
                one line per task outcome (succeeded, retry, held, dead-lettered)
     Tasks:     $trickle_text
     Database:  $DTP_ROOT/testproject/db.sqlite3
+    Runs:      $versions
   Press Ctrl-C to stop the server and the worker.
 ==============================================================================
 

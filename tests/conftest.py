@@ -157,22 +157,23 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Drop the metrics this process counted (docs/metrics.md): its exit-time flush would
     otherwise write them to the development database after the test one is gone."""
-    from django_tasks_plus.metrics import AGGREGATOR
+    from django_tasks_plus import registries
 
-    AGGREGATOR.take()
+    if registries.installed_app() is not None:
+        registries.app().aggregator.reset()
 
 
 @pytest.fixture(autouse=True)
-def _fresh_metrics() -> Iterator[None]:
-    """Each test starts with nothing counted in this process (counts a previous test's
-    enqueues left in memory must not be flushed into this test's database), and as if it
-    had just flushed: an enqueue-side event flushes on emit only when the last flush is
-    FLUSH_INTERVAL old, so otherwise whether it does would depend on how slow the run is.
-    A test of that flush sets ``AGGREGATOR.last_flush`` back itself."""
-    from django_tasks_plus.metrics import AGGREGATOR
+def _fresh_registries() -> Iterator[None]:
+    """Each test starts from the app's own registries (``registries.reset()``): no
+    subscriber, event name, counter or extension a previous test left, nothing counted in
+    this process (a previous test's counts must not be flushed into this test's
+    database), and as if it had just flushed: an enqueue-side event flushes on emit only
+    when the last flush is FLUSH_INTERVAL old, so otherwise whether it does would depend
+    on how slow the run is. A test of that flush sets ``aggregator().last_flush`` back."""
+    from django_tasks_plus import registries
 
-    AGGREGATOR.take()
-    AGGREGATOR.last_flush = time.monotonic()
+    registries.reset()
     yield
 
 

@@ -804,3 +804,15 @@ def tenant_report(context: Any, report: str) -> dict[str, Any]:
         "current_tenant": tenancy.current_tenant.get(),
         "context_tenant": context.metadata.get("tenant"),
     }
+
+
+@task(takes_context=True, retry=exponential_backoff(max_attempts=1))
+def reports_occurrence(context) -> list[str]:  # type: ignore[no-untyped-def]
+    """Dies on its first attempt; run again (a redrive), returns the schedule name and
+    occurrence its metadata carries (tests/test_schedules.py)."""
+    from django_tasks_plus.schedules import occurrence_of
+
+    if context.attempt == 1:
+        raise RuntimeError("first attempt dies; redrive me")
+    found = occurrence_of(context)
+    return [] if found is None else [found.schedule, found.at.isoformat()]

@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "schedules.errors",
         ),
     ),
-    ("foundation", ("compat", "exceptions", "timebounds")),
+    ("foundation", ("compat", "exceptions", "timebounds", "registries")),
 ]
 PURE = "pure"
 MIGRATIONS = f"{PACKAGE}.migrations"

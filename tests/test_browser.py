@@ -1,11 +1,20 @@
 """The admin in a real browser: headless Chromium (Debian's, driven by Playwright) against
 a live server and a real ``runtasks`` worker.
 
-An operator logs in, reads the overview (its SVG charts must be drawn, not just present
-in the markup), opens a dead task, redrives it and watches it succeed, and opens the
-workers and breakers pages. Screenshots are saved under ``$DTP_SCREENSHOTS`` (default:
-the test's tmp dir); ``DTP_SCREENSHOTS=docs/images`` regenerates the ones in the docs
-(light mode; ``DTP_SCREENSHOTS_SCHEME=dark`` takes them in the dark theme).
+Two walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
+just present in the markup), opens a dead task, redrives it and watches it succeed, and
+opens the workers, breakers and schedules pages (the schedules list at 1280 and 390 px,
+light and dark, with name, next and last run on screen). Then every admin page of the
+app, with a task in each state the docs describe, is opened at 1280 px with Django's
+sidebar open and at 390 px (a phone), in the light and the dark scheme, and held to
+layout rules: no page wider than the screen, no list column cut off by the list's
+scrolling box, rows a few lines tall with task paths on one line, chart text of at least
+10 px, breadcrumbs on their bar and object tools that do not overlap. One test walks them
+all (one login, one seeded database) so the matrix costs seconds, not a test per page.
+
+Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir);
+``DTP_SCREENSHOTS=docs/images`` regenerates the ones in the docs (light mode;
+``DTP_SCREENSHOTS_SCHEME=dark`` takes them in the dark theme).
 
 The module is skipped when the ``playwright`` package or ``/usr/bin/chromium`` is
 missing; ``.ci/run`` installs Chromium (``playwright install`` cannot download here).
@@ -19,6 +28,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -27,6 +37,7 @@ from django_tasks_plus import circuits, metrics
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.metrics.catalog import BUCKET_NAMES, sum_name
 from django_tasks_plus.models import MetricRecord, TaskRecord
+from django_tasks_plus.schedules import Every, api
 from tests import tasks
 from tests.conftest import wait_for
 
@@ -40,10 +51,19 @@ if not CHROMIUM.exists():
         allow_module_level=True,
     )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
-WIDTH = 1400
 ADMIN = "/admin/django_tasks_plus/"
+WIDE = {"width": 1280, "height": 900}  # a laptop, with Django's sidebar open
+PHONE = {"width": 390, "height": 844}  # a phone during an incident
+SCHEMES = ("light", "dark")
+# A list row holds a time and its "3 min ago" under it: two lines, a third at most.
+ROW_MAX_PX = 76
+# The dead letters add the reason and the last error's message (a few lines each).
+DEAD_ROW_MAX_PX = 150
+CHART_TEXT_MIN_PX = 10
+# A task path as long as real projects have, to hold the task column to one line.
+LONG_PATH = "acme_billing.integrations.webhooks.tasks.deliver_invoice_webhook"
 
 
 @pytest.fixture
@@ -54,25 +74,45 @@ def shots(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def page(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # Playwright's sync API runs an event loop in this thread; the test's own ORM calls
     # (setup, polling) are still synchronous and safe.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with playwright_sync.sync_playwright() as driver:
-        browser = driver.chromium.launch(
+        launched = driver.chromium.launch(
             executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
         )
-        context = browser.new_context(
-            viewport={"width": WIDTH, "height": 900},
-            color_scheme=os.environ.get("DTP_SCREENSHOTS_SCHEME", "light"),
-            locale="en-US",
-        )
-        context.set_default_timeout(20_000)
         try:
-            yield context.new_page()
+            yield launched
         finally:
-            context.close()
-            browser.close()
+            launched.close()
+
+
+def new_page(browser: Any, viewport: dict[str, int], scheme: str, state: Any = None) -> Any:
+    """A page in a fresh context of that size and colour scheme (``state``: the cookies
+    of an earlier login)."""
+    context = browser.new_context(
+        viewport=viewport, color_scheme=scheme, locale="en-US", storage_state=state
+    )
+    context.set_default_timeout(20_000)
+    return context.new_page()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    opened = new_page(browser, WIDE, os.environ.get("DTP_SCREENSHOTS_SCHEME", "light"))
+    try:
+        yield opened
+    finally:
+        opened.context.close()
+
+
+def log_in(page: Any, base: str) -> None:
+    page.goto(f"{base}{ADMIN}")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "pw")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base}{ADMIN}")
 
 
 def seed_history(now) -> None:
@@ -120,15 +160,15 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     assert TaskRecord.objects.get(pk=dead.id).status == TaskResultStatus.FAILED
     metrics.flush()
     circuits.force_open("api.example.com", name="http")
+    # Two schedules that do not fire during the test: one run now (a last run to show),
+    # one paused.
+    api.create("nightly-report", "tests.tasks.add", "0 3 * * *", args=[1, 2])
+    api.run_now("nightly-report")
+    api.create("heartbeat", "tests.tasks.add", Every(seconds=30), args=[0, 0], paused=True)
     start_worker("--queue", "default", "--concurrency", "2")
     base = live_server.url
 
-    # Log in.
-    page.goto(f"{base}{ADMIN}")
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", "pw")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{base}{ADMIN}")
+    log_in(page, base)
     assert page.locator(".dtp-overview-link a").inner_text() == "Overview"
     page.screenshot(path=shots / "admin-app-index.png")
 
@@ -150,6 +190,7 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     unit = page.locator("#dtp-chart-hour text.dtp-chart-unit")
     assert unit.text_content() == "attempts / minute"
     assert "open" in page.locator("#dtp-breakers").inner_text()
+    assert "1 + 1 paused" in page.locator("#dtp-schedules-card").inner_text()
     page.screenshot(path=shots / "admin-overview.png", full_page=True)
 
     # The dead task, from the dead letters.
@@ -183,6 +224,302 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     assert "api.example.com" in page.locator("#result_list").inner_text()
     page.screenshot(path=shots / "admin-breakers.png")
 
+    # Schedules: on a wide screen with the sidebar open and on a phone, light and dark,
+    # the page never scrolls sideways and name, next and last run are on screen.
+    for width, scheme in ((1280, "light"), (1280, "dark"), (390, "light"), (390, "dark")):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.emulate_media(color_scheme=scheme)
+        page.goto(f"{base}{ADMIN}schedulerecord/")
+        page.wait_for_selector("#result_list")
+        view = f"{width} px, {scheme}"
+        if width >= 1024:
+            assert page.locator("#nav-sidebar").is_visible(), view
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert (background == "rgb(255, 255, 255)") == (scheme == "light"), (view, background)
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, (view, overflow)
+        for column in ("name", "next_occurrence", "last_run"):
+            box = page.locator(f"#result_list th.column-{column}").bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (
+                view,
+                column,
+                box,
+            )
+        last_run = page.locator("#result_list td.field-last_run .dtp-badge")
+        assert last_run.count() == 1 and last_run.is_visible(), view
+        page.screenshot(path=shots / f"admin-schedules-{width}-{scheme}.png", full_page=True)
+
     for name in ("admin-overview.png", "admin-task-dead.png", "admin-task-redriven.png"):
         assert (shots / name).stat().st_size > 10_000
     assert time.monotonic() - started < 120
+
+
+# -- every page, every size, both schemes ---------------------------------------------------
+
+# What the layout rules need from one page, measured in the browser.
+MEASURE = """() => {
+  const box = (el) => { const r = el.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+            width: r.width, height: r.height}; };
+  const sidebar = document.querySelector('#nav-sidebar');
+  const out = {
+    viewport: window.innerWidth,
+    scrollWidth: document.documentElement.scrollWidth,
+    sidebar: !sidebar ? null : getComputedStyle(sidebar).visibility !== 'hidden'
+      && sidebar.getBoundingClientRect().width > 100,
+    bodyBg: getComputedStyle(document.body).backgroundColor,
+    h1: document.querySelector('#content h1') ? box(document.querySelector('#content h1')) : null,
+  };
+  // What sticks out of the window, outside any box that scrolls sideways (for the message).
+  const clipped = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
+    const o = getComputedStyle(p).overflowX;
+    if (o === 'auto' || o === 'scroll' || o === 'hidden') return true; }
+    return false; };
+  out.overflowing = [...document.body.querySelectorAll('*')]
+    .filter(el => el.getBoundingClientRect().right > window.innerWidth + 1 && !clipped(el))
+    .filter(el => ![...el.children].some(
+      c => c.getBoundingClientRect().right > window.innerWidth + 1))
+    .slice(0, 4).map(el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '')
+      + (typeof el.className === 'string' && el.className
+         ? '.' + el.className.trim().split(/\\s+/).join('.') : ''));
+  const list = document.querySelector('#result_list');
+  if (list) {
+    const scroller = list.closest('.results') || list.parentElement;
+    out.list = {
+      box: box(scroller), clientWidth: scroller.clientWidth, scrollWidth: scroller.scrollWidth,
+      columns: [...list.querySelectorAll('thead th')].map(th => ({
+        text: th.innerText.trim() || th.className, right: th.getBoundingClientRect().right})),
+      rows: [...list.querySelectorAll('tbody tr')].map(tr => tr.getBoundingClientRect().height),
+      paths: [...list.querySelectorAll('.dtp-path')].map(el => ({
+        text: el.innerText,
+        lines: new Set([...el.getClientRects()].map(r => Math.round(r.top))).size})),
+    };
+  }
+  out.chartText = [...document.querySelectorAll('svg.dtp-chart text')].map(t => {
+    const m = t.getScreenCTM();
+    return {text: t.textContent, px: parseFloat(getComputedStyle(t).fontSize) * (m ? m.a : 1),
+            fill: getComputedStyle(t).fill};
+  });
+  const crumbs = document.querySelector('.breadcrumbs');
+  if (crumbs) {
+    out.crumbs = {box: box(crumbs), bg: getComputedStyle(crumbs).backgroundColor,
+                  text: crumbs.innerText.replace(/\\s+/g, ' ').trim()};
+  }
+  out.tools = [...document.querySelectorAll('.object-tools > li')]
+    .filter(li => li.getBoundingClientRect().width > 0)
+    .map(li => ({text: li.innerText.trim(), box: box(li)}));
+  const primary = document.querySelector('.object-tools .dtp-primary');
+  const history = document.querySelector('.object-tools a.historylink');
+  out.primaryBg = primary ? getComputedStyle(primary).backgroundColor : null;
+  out.historyBg = history ? getComputedStyle(history).backgroundColor : null;
+  return out;
+}"""
+
+
+def _rgb(css: str) -> tuple[float, float, float, float]:
+    """``rgb(r, g, b)`` / ``rgba(r, g, b, a)`` as numbers (alpha 1 when absent)."""
+    inside = css[css.index("(") + 1 : css.rindex(")")].replace("/", ",")
+    parts = [float(p) for p in inside.replace(",", " ").split()]
+    return (parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else 1.0)
+
+
+def _luminance(css: str) -> float:
+    def channel(value: float) -> float:
+        value /= 255
+        return value / 12.92 if value <= 0.03928 else ((value + 0.055) / 1.055) ** 2.4
+
+    r, g, b, _a = _rgb(css)
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def _contrast(one: str, other: str) -> float:
+    high, low = sorted((_luminance(one), _luminance(other)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (
+        min(a["right"], b["right"]) - max(a["left"], b["left"]) > 1
+        and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 1
+    )
+
+
+def layout_problems(
+    found: dict[str, Any], *, wide: bool, scheme: str, row_max: float, crumb: str | None
+) -> list[str]:
+    """Every layout rule one page breaks (none: it keeps them all)."""
+    problems = []
+    if found["scrollWidth"] > found["viewport"] + 1:
+        problems.append(
+            f"page {found['scrollWidth']} px wide in a {found['viewport']} px window "
+            f"(sticking out: {found['overflowing']})"
+        )
+    # Every page has Django's sidebar but the app index (whose content is that list).
+    if wide and found["sidebar"] is False:
+        problems.append("Django's sidebar is not open")
+    if found.get("list") and found["sidebar"] is None:
+        problems.append("a list without Django's sidebar")
+    listed = found.get("list")
+    if listed and wide:
+        if listed["scrollWidth"] > listed["clientWidth"] + 1:
+            cut = [c["text"] for c in listed["columns"] if c["right"] > listed["box"]["right"] + 1]
+            problems.append(
+                f"list {listed['scrollWidth']} px in a {listed['clientWidth']} px box: "
+                f"cut off {cut}"
+            )
+        tall = [round(h) for h in listed["rows"] if h > row_max]
+        if tall:
+            problems.append(f"rows taller than {row_max} px: {tall}")
+        wrapped = [p["text"] for p in listed["paths"] if p["lines"] > 1]
+        if wrapped:
+            problems.append(f"task paths on more than one line: {wrapped}")
+    small = sorted({round(t["px"], 1) for t in found["chartText"] if t["px"] < CHART_TEXT_MIN_PX})
+    if small:
+        problems.append(f"chart text of {small} px (less than {CHART_TEXT_MIN_PX})")
+    crumbs = found.get("crumbs")
+    if crumbs is None:
+        problems.append("no breadcrumbs")
+    else:
+        if _rgb(crumbs["bg"])[3] == 0:
+            problems.append("the breadcrumbs have no bar (transparent background)")
+        if crumbs["box"]["left"] > 1:
+            problems.append(f"the breadcrumbs' bar starts at {crumbs['box']['left']} px")
+        if crumb is not None and not crumbs["text"].endswith(crumb):
+            problems.append(f"breadcrumbs {crumbs['text']!r} do not end with {crumb!r}")
+    tools = found["tools"]
+    for index, one in enumerate(tools):
+        for other in tools[index + 1 :]:
+            if _overlap(one["box"], other["box"]):
+                problems.append(f"object tools overlap: {one['text']!r} and {other['text']!r}")
+        if found["h1"] and _overlap(one["box"], found["h1"]):
+            problems.append(f"object tool {one['text']!r} overlaps the title")
+    if found["primaryBg"] and found["primaryBg"] == found["historyBg"]:
+        problems.append("the main action looks like History")
+    body = _luminance(found["bodyBg"])
+    if (scheme == "dark") != (body < 0.2):
+        problems.append(f"{scheme} scheme asked, page background {found['bodyBg']}")
+    faint = {t["fill"] for t in found["chartText"] if _contrast(t["fill"], found["bodyBg"]) < 3}
+    if faint:
+        problems.append(f"chart text {faint} on {found['bodyBg']}: contrast below 3")
+    return problems
+
+
+def seed_every_state(run_worker: Any) -> dict[str, Any]:
+    """A task in each state the docs describe (succeeded, dead, blocked by a dead task
+    of its ordering key, retrying, scheduled, held by a breaker, running), a long task
+    path and a long error, a live and a stale worker, an open circuit and two schedules;
+    the ids of the pages that show them."""
+    from django_tasks_plus.breaker import scoped_key
+    from django_tasks_plus.models import BreakerRecord, ScheduleRecord, WorkerRecord
+    from django_tasks_plus.schedules import Every, api
+
+    now = timezone.now()
+    seed_history(now)
+    for n in range(6):
+        tasks.add.enqueue(n, n)
+    dead = tasks.always_fails.enqueue(
+        "the disk is full: /var/lib/postgresql/data has 0 bytes left of 512 GB; "
+        "checkpoint and WAL writes are failing for every table"
+    )
+    blocker = tasks.dies_and_blocks.using(ordering_key="account:acme").enqueue(3)
+    blocked = tasks.add.using(ordering_key="account:acme").enqueue(4, 4)
+    assert run_worker("--burst", "--queue", "default").returncode == 0
+    assert TaskRecord.objects.get(pk=blocker.id).ordering_blocked
+    TaskRecord.objects.filter(pk=dead.id).update(task_path=LONG_PATH)
+    later = now + timedelta(minutes=30)
+    tasks.add.using(run_after=later).enqueue(1, 1)  # scheduled
+    retrying = tasks.add.using(run_after=now + timedelta(seconds=40)).enqueue(2, 2)
+    TaskRecord.objects.filter(pk=retrying.id).update(attempt=2, task_path=LONG_PATH)
+    circuits.force_open("api.example.com", name="http")
+    held = tasks.add.using(run_after=later).enqueue(3, 3)
+    TaskRecord.objects.filter(pk=held.id).update(
+        held_since=now, breaker_key=scoped_key("http", "api.example.com")
+    )
+    running = tasks.echo.enqueue("waits on the other queue")
+    TaskRecord.objects.filter(pk=running.id).update(
+        status=TaskResultStatus.RUNNING, attempt=1, last_attempted_at=now, started_at=now
+    )
+    for worker_id, beat in (("web-1:4242:live", now), ("web-2:77:stale", now - timedelta(hours=1))):
+        WorkerRecord.objects.create(
+            worker_id=worker_id,
+            backend_name="default",
+            hostname=worker_id.split(":")[0] + ".prod.example.com",
+            pid=int(worker_id.split(":")[1]),
+            queues=["default", "emails", "other"],
+            concurrency=8,
+            started_at=now - timedelta(days=2),
+            last_heartbeat_at=beat,
+        )
+    api.create("nightly-report", tasks.add, "0 3 * * *", args=(1, 2))
+    api.create("every-half-minute", "tests.tasks.add", Every(seconds=30), args=(5, 5), paused=True)
+    return {
+        "dead": dead.id,
+        "blocked": blocked.id,
+        "held": held.id,
+        "breaker": BreakerRecord.objects.get(key="api.example.com").pk,
+        "worker": "web-1:4242:live",
+        "schedule": ScheduleRecord.objects.get(name="nightly-report").pk,
+    }
+
+
+def test_every_page_keeps_its_layout_at_each_size_and_scheme(
+    live_server, browser, shots, django_user_model, run_worker
+):
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    ids = seed_every_state(run_worker)
+    tasks_url = f"{ADMIN}taskrecord/"
+    # (path, the last breadcrumb, the row height bound of its list)
+    pages: list[tuple[str, str | None, float]] = [
+        (ADMIN, None, ROW_MAX_PX),
+        (f"{tasks_url}overview/", "Tasks overview", ROW_MAX_PX),
+        (tasks_url, None, ROW_MAX_PX),
+        (f"{tasks_url}?status__exact=READY", None, ROW_MAX_PX),
+        (f"{tasks_url}dead-letters/", "Dead letters", DEAD_ROW_MAX_PX),
+        (f"{tasks_url}dead-letters/redrive-matching/", "Are you sure?", ROW_MAX_PX),
+        (f"{tasks_url}?queue=nowhere&bogus=1", None, ROW_MAX_PX),
+        (f"{tasks_url}{ids['dead']}/change/", None, ROW_MAX_PX),
+        (f"{tasks_url}{ids['blocked']}/change/", None, ROW_MAX_PX),
+        (f"{tasks_url}{ids['held']}/change/", None, ROW_MAX_PX),
+        (f"{ADMIN}breakerrecord/", None, ROW_MAX_PX),
+        (f"{ADMIN}breakerrecord/{ids['breaker']}/change/", None, ROW_MAX_PX),
+        (f"{ADMIN}workerrecord/", None, ROW_MAX_PX),
+        (f"{ADMIN}workerrecord/{ids['worker']}/change/", None, ROW_MAX_PX),
+        (f"{ADMIN}schedulerecord/", None, ROW_MAX_PX),
+        (f"{ADMIN}schedulerecord/{ids['schedule']}/change/", None, ROW_MAX_PX),
+    ]
+    base = live_server.url
+    state = None
+    problems: list[str] = []
+    for size, viewport in (("1280", WIDE), ("390", PHONE)):
+        for scheme in SCHEMES:
+            page = new_page(browser, viewport, scheme, state)
+            try:
+                if state is None:
+                    log_in(page, base)
+                    state = page.context.storage_state()
+                for path, crumb, row_max in pages:
+                    response = page.goto(f"{base}{path}")
+                    assert response is not None and response.status in (200, 400), (
+                        path,
+                        response and response.status,
+                    )
+                    found = page.evaluate(MEASURE)
+                    problems += [
+                        f"{size} px {scheme} {path}: {problem}"
+                        for problem in layout_problems(
+                            found,
+                            wide=viewport is WIDE,
+                            scheme=scheme,
+                            row_max=row_max,
+                            crumb=crumb,
+                        )
+                    ]
+                    if os.environ.get("DTP_LAYOUT_SHOTS"):
+                        name = path.strip("/").replace("/", "_").replace("?", "_")
+                        shot = shots / f"layout-{size}-{scheme}-{name}.png"
+                        page.screenshot(path=shot, full_page=True)
+            finally:
+                page.context.close()
+    assert not problems, "\n".join(problems)

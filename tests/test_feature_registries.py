@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from django.apps import apps
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_tasks_plus import events, metrics
-from django_tasks_plus.metrics.aggregate import AGGREGATOR
+from django_tasks_plus import events, metrics, registries
 from django_tasks_plus.metrics.catalog import ALL_TIME, feature_counters, split_stored_name
 from django_tasks_plus.metrics.prometheus import render
 from django_tasks_plus.models import MetricRecord
@@ -24,12 +27,8 @@ FIRED = "test_schedule.fired"
 @pytest.fixture
 def feature() -> Iterator[None]:
     """A test-only feature's events and counter, gone again afterwards."""
-    AGGREGATOR.take()
     yield
-    AGGREGATOR.take()
-    feature_counters.reset()
-    events.bus.reset()  # also drops the aggregator's subscriptions...
-    metrics.install()  # ...which the app subscribes again
+    registries.reset()
 
 
 def test_an_unknown_event_name_is_refused_until_a_feature_registers_it(feature):
@@ -47,9 +46,43 @@ def test_an_unknown_event_name_is_refused_until_a_feature_registers_it(feature):
 def test_reset_forgets_the_features_names_and_every_subscriber(feature):
     events.register_names(FIRED)
     events.subscribe(print, FIRED)
-    events.bus.reset()
+    events.bus().reset()
     assert not events.listened(FIRED)
-    assert FIRED not in events.bus.names and events.TASK_STARTED in events.bus.names
+    assert FIRED not in events.bus().names and events.TASK_STARTED in events.bus().names
+
+
+def test_the_registries_belong_to_the_installed_app(feature):
+    config = apps.get_app_config("django_tasks_plus")
+    assert events.bus() is config.event_bus
+    assert metrics.aggregator() is config.aggregator
+    assert feature_counters() is config.feature_counters
+    seen: list[events.Event] = []
+    events.register_names(FIRED)
+    events.subscribe(seen.append, FIRED)
+    # The app installed anew (a test's override) comes with registries of its own: the
+    # app's features' names, not what this process registered meanwhile.
+    with override_settings(INSTALLED_APPS=list(settings.INSTALLED_APPS)):
+        assert events.bus() is not config.event_bus
+        assert "schedule.fired" in events.bus().names and FIRED not in events.bus().names
+    # Without the app nothing is emitted and nothing can subscribe.
+    without = [name for name in settings.INSTALLED_APPS if name != "django_tasks_plus"]
+    with override_settings(INSTALLED_APPS=without):
+        events.emit(FIRED, {}, {"n": 0})
+        assert not events.listened(FIRED)
+        with pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"):
+            events.subscribe(seen.append, FIRED)
+    events.emit(FIRED, {}, {"n": 1})  # the app's own registries are back
+    assert [event.labels for event in seen] == [{"n": 1}]
+
+
+def test_reset_drops_what_was_counted_and_keeps_the_app_subscribed(feature):
+    counting = metrics.aggregator()
+    events.emit(events.TASK_ENQUEUED, {"count": 3}, {"backend": "default", "queue": "q"})
+    counting.unsettled["default"] = {"a-flush-key": {}}
+    registries.reset()
+    assert counting.take() == {} and counting.unsettled == {}
+    events.emit(events.TASK_ENQUEUED, {"count": 2}, {"backend": "default", "queue": "q"})
+    assert [values[0] for values in counting.take().values()] == [2]  # still counting
 
 
 def test_a_feature_counter_with_its_own_label_is_stored_and_served(feature):

@@ -19,7 +19,7 @@ from django_tasks_plus import InvalidBackendOptions, cancel, events, metrics
 from django_tasks_plus.compat import TaskResultStatus, task_backends
 from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.db.metrics import add_metrics
-from django_tasks_plus.metrics.aggregate import AGGREGATOR, rows_for
+from django_tasks_plus.metrics.aggregate import aggregator, rows_for
 from django_tasks_plus.metrics.catalog import ALL_TIME, BUCKETS, bucket_name
 from django_tasks_plus.metrics.queries import Histogram
 from django_tasks_plus.models import MetricRecord, TaskRecord, WorkerRecord
@@ -41,10 +41,10 @@ def _tasks_with(**metrics_options: Any) -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def fresh_aggregator():
-    """Counts left over from other tests in this process must not leak into these."""
-    AGGREGATOR.take()
+    """Counts left over from this module's tests must not leak into the next module's
+    (conftest resets the registries before each test)."""
     yield
-    AGGREGATOR.take()
+    aggregator().reset()
 
 
 def _event(name: str, measurements: dict[str, float], **labels: Any) -> events.Event:
@@ -105,14 +105,14 @@ def test_metrics_settings_defaults_and_validation():
 
 
 def test_aggregated_rows_of_one_minute_and_the_all_time_row():
-    AGGREGATOR.on_count(_event(events.TASK_ENQUEUED, {"count": 5}))
-    AGGREGATOR.on_started(_event(events.TASK_STARTED, {"attempt": 1, "queue_time": 0.2}))
-    AGGREGATOR.on_started(_event(events.TASK_STARTED, {"attempt": 1, "queue_time": 7200.0}))
-    AGGREGATOR.on_outcome(_event(events.TASK_SUCCEEDED, {"attempt": 1, "run_time": 0.003}))
-    AGGREGATOR.on_outcome(_event(events.TASK_ATTEMPT_FAILED, {"attempt": 1}))  # reaper: no time
-    AGGREGATOR.on_count(_event(events.BREAKER_PARKED, {"count": 4}, queue=None, task_path=None))
-    AGGREGATOR.on_count(_event(events.TASK_ENQUEUED, {"count": 1}, backend="not-ours"))
-    pending = AGGREGATOR.take()
+    aggregator().on_count(_event(events.TASK_ENQUEUED, {"count": 5}))
+    aggregator().on_started(_event(events.TASK_STARTED, {"attempt": 1, "queue_time": 0.2}))
+    aggregator().on_started(_event(events.TASK_STARTED, {"attempt": 1, "queue_time": 7200.0}))
+    aggregator().on_outcome(_event(events.TASK_SUCCEEDED, {"attempt": 1, "run_time": 0.003}))
+    aggregator().on_outcome(_event(events.TASK_ATTEMPT_FAILED, {"attempt": 1}))  # reaper: no time
+    aggregator().on_count(_event(events.BREAKER_PARKED, {"count": 4}, queue=None, task_path=None))
+    aggregator().on_count(_event(events.TASK_ENQUEUED, {"count": 1}, backend="not-ours"))
+    pending = aggregator().take()
     assert list(pending) == [
         (1_700_000_000 // 60, "default", "default", ADD),
         (1_700_000_000 // 60, "default", "", ""),
@@ -150,9 +150,9 @@ def test_quantiles_interpolate_within_the_bucket():
 
 @pytest.mark.django_db(transaction=True)
 def test_flushes_add_up_in_one_upsert_and_pruning_keeps_the_totals():
-    AGGREGATOR.on_count(_event(events.TASK_ENQUEUED, {"count": 2}))
+    aggregator().on_count(_event(events.TASK_ENQUEUED, {"count": 2}))
     assert metrics.flush() == 2  # the minute's row and the all-time row
-    AGGREGATOR.on_count(_event(events.TASK_ENQUEUED, {"count": 3}))
+    aggregator().on_count(_event(events.TASK_ENQUEUED, {"count": 3}))
     assert metrics.flush() == 2
     assert _stored(minute=ALL_TIME) == {"enqueued": 5}
     assert _stored(minute__gt=ALL_TIME) == {"enqueued": 5}
@@ -169,7 +169,7 @@ def test_flushes_add_up_in_one_upsert_and_pruning_keeps_the_totals():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_flush_keeps_the_counts_for_the_next_one(caplog):
-    AGGREGATOR.on_count(_event(events.TASK_REDRIVEN, {}))
+    aggregator().on_count(_event(events.TASK_REDRIVEN, {}))
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE django_tasks_plus_metricrecord RENAME TO dtp_metrics_away")
     try:
@@ -185,12 +185,12 @@ def test_a_failed_flush_keeps_the_counts_for_the_next_one(caplog):
 
 @pytest.mark.django_db(transaction=True)
 def test_enqueue_side_events_flush_on_emit_at_most_every_flush_interval():
-    AGGREGATOR.last_flush = time.monotonic() - 3600  # the last flush was long ago
+    aggregator().last_flush = time.monotonic() - 3600  # the last flush was long ago
     first = tasks.add.enqueue(1, 1)  # autocommit: emitted now, and flushed now
     assert _stored(minute=ALL_TIME) == {"enqueued": 1}
     tasks.add.enqueue(1, 2)  # within FLUSH_INTERVAL of that flush: kept in memory
     assert _stored(minute=ALL_TIME) == {"enqueued": 1}
-    AGGREGATOR.last_flush = time.monotonic() - 3600
+    aggregator().last_flush = time.monotonic() - 3600
     with transaction.atomic():
         cancel(first)
         tasks.add.enqueue(1, 3)
@@ -206,7 +206,7 @@ def test_disabled_metrics_unsubscribe_and_build_no_services():
     with override_settings(TASKS=_tasks_with(ENABLED=False)):
         assert not events.listened(events.TASK_STARTED)
         tasks.add.enqueue(1, 1)
-        assert AGGREGATOR.take() == {}
+        assert aggregator().take() == {}
         worker = Worker(WorkerConfig.from_settings("default", burst=True))
         names = [service.name for service in worker.services.services]
         assert "tasks-metrics-flusher" not in names

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,11 +24,11 @@ from django.utils import timezone
 from django_tasks_plus import events, metrics
 from django_tasks_plus.compat import task_backends
 from django_tasks_plus.db.metrics import add_metrics
-from django_tasks_plus.metrics.aggregate import AGGREGATOR
+from django_tasks_plus.metrics.aggregate import aggregator
 from django_tasks_plus.metrics.catalog import ALL_TIME
 from django_tasks_plus.models import MetricFlush, MetricRecord
 from django_tasks_plus.worker.metrics_flusher import MetricsFlusher, MetricsPruner
-from tests.conftest import wait_for
+from tests.conftest import MANAGE, wait_for, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,11 +41,9 @@ FAILED_FLUSH = "Could not write the metrics of backend 'default'"
 
 @pytest.fixture(autouse=True)
 def nothing_counted() -> Iterator[None]:
-    AGGREGATOR.take()
-    AGGREGATOR.unsettled.clear()
+    """Nothing left over (unsettled batches included) for the next module's tests."""
     yield
-    AGGREGATOR.take()
-    AGGREGATOR.unsettled.clear()
+    aggregator().reset()
 
 
 def _first_minute() -> int:
@@ -55,7 +55,7 @@ def _dead_letters(first_minute: int, count: int = MINUTES) -> None:
     """``count`` dead letters, one in each minute from ``first_minute`` on."""
     for i in range(count):
         metadata = {"backend": "default", "queue": "default", "task_path": PATH}
-        AGGREGATOR.on_outcome(
+        aggregator().on_outcome(
             events.Event(events.TASK_DEAD_LETTERED, {}, metadata, (first_minute + i) * 60.0 + 1)
         )
 
@@ -108,7 +108,7 @@ def test_a_flush_failing_half_way_counts_once_when_retried(caplog):
         try:
             wait_for(lambda: _warnings(caplog) >= 2, timeout=60)
             locker.commit()  # the locks go
-            wait_for(lambda: not AGGREGATOR.pending and not AGGREGATOR.unsettled, timeout=60)
+            wait_for(lambda: not aggregator().pending and not aggregator().unsettled, timeout=60)
         finally:
             locker.close()
             flusher.stop()
@@ -158,11 +158,11 @@ def test_a_flush_whose_commit_answer_is_lost_counts_once(caplog):
     assert lost
     assert "commit's outcome is unknown" in caplog.text
     assert _dead_lettered(minute=ALL_TIME) == 80  # it did land
-    assert len(AGGREGATOR.unsettled["default"]) == 1
+    assert len(aggregator().unsettled["default"]) == 1
 
     _dead_letters(first + 100, 5)  # counted meanwhile
     metrics.flush()  # the same key again, with a new batch
-    assert not AGGREGATOR.unsettled
+    assert not aggregator().unsettled
     assert _dead_lettered(minute=ALL_TIME) == 85
     assert _dead_lettered(minute__gt=ALL_TIME) == 85
     assert MetricFlush.objects.filter(backend_name="default").count() == 2
@@ -273,12 +273,32 @@ def test_a_commit_answer_lost_on_the_wire_counts_once(caplog):
         assert metrics.flush() == 0
         assert proxy.dropped.is_set()
         assert "commit's outcome is unknown" in caplog.text
-        assert len(AGGREGATOR.unsettled["default"]) == 1
+        assert len(aggregator().unsettled["default"]) == 1
         assert metrics.flush() == 0  # a new connection; the key is stored: nothing added
-        assert not AGGREGATOR.unsettled
+        assert not aggregator().unsettled
     finally:
         connection.close()
         connection.settings_dict = original
         proxy.close()
     assert _dead_lettered(minute=ALL_TIME) == 80
     assert _dead_lettered(minute__gt=ALL_TIME) == 80
+
+
+def test_a_process_that_exits_writes_what_it_counted(tmp_path):
+    """The app's at-exit flush: a process without a worker (a shell, a web process)
+    that enqueues and exits before its first emit-time flush leaves its counts written."""
+    code = "from tests import tasks; tasks.add.enqueue(1, 2); tasks.add.enqueue(2, 3)"
+    proc = subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "-c", code],
+        env=worker_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    stored = MetricRecord.objects.filter(
+        minute=ALL_TIME, name="enqueued", task_path="tests.tasks.add"
+    )
+    assert stored.aggregate(total=Sum("value"))["total"] == 2
+    assert MetricFlush.objects.count() == 1  # one flush, at exit

@@ -20,6 +20,7 @@ from django_tasks_plus.schedules.timing import (
     resume_at,
     zone,
 )
+from django_tasks_plus.schedules.words import describe
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -162,3 +163,56 @@ def test_overlap_policy_skips_only_while_the_previous_run_is_busy():
     assert not overlap_skips("allow", "RUNNING")
     with pytest.raises(InvalidSchedule):
         overlap_skips("sometimes", None)
+
+
+# -- in words (schedules/words.py) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "words"),
+    [
+        ("* * * * *", "every minute"),
+        ("*/5 * * * *", "every 5 minutes"),
+        ("15 * * * *", "every hour at minute 15"),
+        ("0,30 * * * *", "every hour at minute 0 and 30"),
+        ("0 3 * * *", "at 03:00 every day"),
+        ("30 8 * * 1-5", "at 08:30 on weekdays"),
+        ("0 9 * * 0,6", "at 09:00 at weekends"),
+        ("0 18 * * 1,3", "at 18:00 on Monday and Wednesday"),
+        ("0 8,12,17 * * *", "at 08:00, 12:00 and 17:00 every day"),
+        ("5 */2 * * *", "every 2 hours at minute 5"),
+        ("*/15 9-17 * * 1-5", "*/15 9-17 * * 1-5"),
+        ("0 0 1 * *", "at 00:00 on day 1 of every month"),
+        ("0 6 1 1 *", "at 06:00 every year on 1 January"),
+        ("0 6 1 1,7 *", "at 06:00 on day 1 of January and July"),
+        ("@daily", "at 00:00 every day"),
+        ("@hourly", "every hour at minute 0"),
+        ("* * * * * */10", "every 10 seconds"),
+        ("* * * * * *", "every second"),
+        # Not a common form: shown as written, never guessed at.
+        ("H 4 * * *", "H 4 * * *"),
+        ("0 0 L * *", "0 0 L * *"),
+        ("0 0 1 * 1", "0 0 1 * 1"),  # day of month OR Monday
+        ("1-30/2 * * * *", "1-30/2 * * * *"),
+        ("0 12 * JAN *", "0 12 * JAN *"),
+        ("0 12 * * * 30", "0 12 * * * 30"),
+    ],
+)
+def test_common_cron_forms_read_in_words_the_rest_as_written(expression, words):
+    assert describe(Cron(expression)) == words
+
+
+@pytest.mark.parametrize(
+    ("every", "words"),
+    [
+        (Every(seconds=1), "every second"),
+        (Every(seconds=30), "every 30 seconds"),
+        (Every(seconds=90), "every 90 seconds"),
+        (Every(minutes=5), "every 5 minutes"),
+        (Every(hours=1), "every hour"),
+        (Every(hours=1, minutes=30), "every 90 minutes"),
+        (Every(hours=24), "every 24 hours"),
+    ],
+)
+def test_intervals_read_in_words(every, words):
+    assert describe(every) == words

@@ -100,7 +100,7 @@ def test_killing_the_leader_mid_run_still_fires_each_occurrence_once(start_worke
     count = len(fired("survives"))
     wait_for(lambda: len(fired("survives")) >= count + 3, timeout=60)
     # The survivor took over: fired after the kill, each occurrence once. Occurrences
-    # while nobody led are caught up (they are within the grace), so none is left out.
+    # while nobody led are caught up (they are within the on-time window), so none is left out.
     assert "is now the leader" in worker_log(tmp_path, 1 - index)
     assert_once_each("survives", [9, 9])
 

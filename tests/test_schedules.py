@@ -171,6 +171,33 @@ def test_a_second_scheduler_with_a_stale_view_cannot_fire_an_occurrence_again():
     assert ScheduleRecord.objects.get(name="adder").next_at == T0 + timedelta(seconds=10)
 
 
+def test_due_schedules_fire_in_batches_each_occurrence_once(monkeypatch):
+    from django_tasks_plus.schedules import store
+
+    monkeypatch.setattr(store, "BATCH_SIZE", 2)
+    for index in range(5):
+        make(f"batch-{index}", when=Every(seconds=10))
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=1))) == 5
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=1))) == 0
+    for index in range(5):
+        [task_id] = occurrence_tasks(f"batch-{index}")
+        assert TaskRecord.objects.get(pk=task_id).args == [2, 3]
+        row = ScheduleRecord.objects.get(name=f"batch-{index}")
+        assert row.last_task_id == task_id and row.next_at == T0 + timedelta(seconds=10)
+
+
+def test_a_schedule_that_cannot_enqueue_is_skipped_with_why_and_holds_up_no_other():
+    for index in range(3):
+        make(f"batch-{index}")
+    # Its task was removed from the code since the schedule was stored.
+    ScheduleRecord.objects.filter(name="batch-1").update(task_path="tests.tasks.removed")
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=1))) == 2
+    assert len(occurrence_tasks("batch-0")) == len(occurrence_tasks("batch-2")) == 1
+    skipped = ScheduleOccurrence.objects.get(schedule__name="batch-1")
+    assert skipped.action == "skipped" and "unknown task" in skipped.reason
+    assert ScheduleRecord.objects.get(name="batch-1").next_at == T0 + timedelta(seconds=10)
+
+
 @pytest.mark.parametrize(
     ("catch_up", "fired", "missed"), [("none", 0, 7), ("latest", 1, 6), ("all", 3, 4)]
 )
@@ -225,14 +252,14 @@ def test_events_report_fires_skips_and_misses(django_capture_on_commit_callbacks
         api.update("adder", when=Every(seconds=10))
         ScheduleRecord.objects.filter(name="adder").update(next_at=T0)
         fire_due(settings_of(), Clock(T0))
-    names = [(event.name, event.metadata["schedule"]) for event in seen]
+    names = [(event.name, event.labels["schedule"]) for event in seen]
     assert names == [
         ("schedule.missed", "adder"),
         ("schedule.fired", "adder"),
         ("schedule.skipped", "adder"),
     ]
     assert seen[0].measurements["count"] == 2  # 2024 and 2025; 2026 fired
-    assert "RUNNING" in seen[2].metadata["reason"] or "READY" in seen[2].metadata["reason"]
+    assert "RUNNING" in seen[2].labels["reason"] or "READY" in seen[2].labels["reason"]
 
 
 # -- the runtime API ------------------------------------------------------------------------
@@ -335,22 +362,65 @@ def test_the_admin_lists_schedules_and_pauses_resumes_and_runs_them(django_user_
     assert not ScheduleRecord.objects.get(pk=row.pk).paused
 
 
+def test_the_admin_shows_timing_in_words_history_of_runs_and_the_overview_card(
+    django_user_model,
+):
+    from tests.conftest import admin_client_for
+
+    make(when="0 14 * * 1-5", timezone_name="Europe/Berlin", overlap="skip")  # 12:00 UTC
+    make("ticker", when=Every(seconds=10))
+    api.pause("ticker")
+    client = admin_client_for(
+        "staff_view_only",
+        django_user_model,
+        view=["view_schedulerecord", "view_taskrecord"],
+        actions=[],
+    )
+    url = "/admin/django_tasks_plus/schedulerecord/"
+    page = client.get(url).content.decode()
+    assert "at 14:00 on weekdays" in page and "<code>0 14 * * 1-5</code>" in page
+    assert "every 10 seconds" in page and "Every(seconds=10)" in page
+
+    row = ScheduleRecord.objects.get(name="adder")
+    row.next_at = T0
+    row.save()
+    fire_due(settings_of(), Clock(T0))  # fired: its task stays READY
+    ScheduleRecord.objects.filter(pk=row.pk).update(next_at=T0 + timedelta(days=3))
+    fire_due(settings_of(), Clock(T0 + timedelta(days=3)))  # skipped: the first is READY
+    [fired] = occurrence_tasks("adder")
+    TaskRecord.objects.filter(pk=fired).update(status="FAILED")
+    listed = client.get(url).content.decode()
+    assert f"/admin/django_tasks_plus/taskrecord/{fired}/change/" in listed
+    assert "dtp-badge-failed" in listed  # the last run's status, beside its link
+
+    history = client.get(f"{url}{row.pk}/change/").content.decode()
+    assert "dtp-history" in history
+    assert history.count("<tr><td>") == 2  # the fired and the skipped occurrence
+    assert f"/admin/django_tasks_plus/taskrecord/{fired}/change/" in history
+    assert f"the previous run {fired} is READY" in history
+    # the occurrence's time, date and clock in their own spans (a narrow column stacks them)
+    assert '<span class="dtp-date">2026-06-01</span> <span class="dtp-clock">12:00:00</span>' in (
+        history
+    )
+
+    overview = client.get("/admin/django_tasks_plus/taskrecord/overview/").content.decode()
+    card = overview[overview.index('id="dtp-schedules-card"') :][:400]
+    assert f'href="{url}"' in card and ">1 <small>+ 1 paused</small>" in card
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)  # a flush writes only outside a transaction
 def test_fires_skips_and_misses_are_counted_per_schedule():
-    from django_tasks_plus import metrics
-    from django_tasks_plus.metrics.aggregate import AGGREGATOR
+    from django_tasks_plus import metrics, registries
     from django_tasks_plus.metrics.catalog import ALL_TIME, feature_counters
     from django_tasks_plus.models import MetricRecord
 
     # The app's own feature: a test's reset of the registries keeps its names and counters.
-    events.bus.reset()
-    feature_counters.reset()
-    metrics.install()
-    assert "schedule.fired" in events.bus.names and "schedule_fires" in feature_counters.counters
-    AGGREGATOR.take()
+    registries.reset()
+    assert "schedule.fired" in events.bus().names
+    assert "schedule_fires" in feature_counters().counters
     row = make(when="0 0 1 1 *", catch_up="latest", timezone_name="UTC", overlap="skip")
     row.next_at = datetime(2024, 1, 1, tzinfo=UTC)
     row.save()
@@ -365,3 +435,38 @@ def test_fires_skips_and_misses_are_counted_per_schedule():
     assert stored["schedule_fires{schedule=adder}"] == 1
     assert stored["schedule_misses{schedule=adder}"] == 2
     assert stored["schedule_skips{schedule=adder}"] == 1
+
+
+# -- the occurrence in the task's metadata --------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # a real worker runs the task
+def test_the_task_knows_its_schedule_and_occurrence_even_after_a_redrive(run_worker):
+    from django_tasks_plus import get_metadata, redrive
+    from django_tasks_plus.compat import TaskResultStatus
+    from django_tasks_plus.schedules import Occurrence, occurrence_of
+
+    api.create("reporter", "tests.tasks.reports_occurrence", Every(seconds=10))
+    ScheduleRecord.objects.filter(name="reporter").update(next_at=T0)
+    assert fire_due(settings_of(), Clock(T0 + timedelta(seconds=2))) == 1
+    [task_id] = occurrence_tasks("reporter")
+    assert get_metadata(str(task_id)) == {"schedule.name": "reporter", "schedule.at": T0}
+    assert occurrence_of(str(task_id)) == Occurrence("reporter", T0)
+    task_id = api.run_now("reporter")
+    assert occurrence_of(task_id).schedule == "reporter"  # type: ignore[union-attr]
+    from tests import tasks
+
+    assert occurrence_of(tasks.add.enqueue(1, 2)) is None  # not enqueued by a schedule
+    with pytest.raises(TypeError, match="takes a TaskContext"):
+        occurrence_of(42)
+
+    # The first attempt dies; the redriven run still carries the occurrence.
+    assert run_worker("--burst").returncode == 0
+    first = TaskRecord.objects.get(pk=occurrence_tasks("reporter")[0])
+    assert first.status == TaskResultStatus.FAILED
+    redrive(str(first.pk))
+    assert run_worker("--burst").returncode == 0
+    first.refresh_from_db()
+    assert first.status == TaskResultStatus.SUCCESSFUL
+    assert first.return_value == ["reporter", T0.isoformat()]
+    assert occurrence_of({"schedule.name": "x"}) is None  # a map without an occurrence

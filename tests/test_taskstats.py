@@ -9,16 +9,15 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_tasks_plus import metrics
-from django_tasks_plus.metrics.aggregate import AGGREGATOR
+from django_tasks_plus.metrics.aggregate import aggregator
 from tests import tasks
 from tests.conftest import wait_for
 
 
 @pytest.fixture(autouse=True)
 def fresh_aggregator():
-    AGGREGATOR.take()
     yield
-    AGGREGATOR.take()
+    aggregator().reset()
 
 
 def _run(*args: str) -> str:

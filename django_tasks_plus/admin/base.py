@@ -11,6 +11,8 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.db.models import Model
 from django.http import HttpRequest
 
+from .filters import configured_backends
+
 STYLESHEET = "django_tasks_plus/admin.css"
 
 
@@ -20,6 +22,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     class Media:
         css = {"all": (STYLESHEET,)}
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The backend column only when there are backends to tell apart: with one, it
+        repeats the same word on every row and takes the room of a column that matters."""
+        shown = super().get_list_display(request)
+        if len(configured_backends()) > 1:
+            return shown
+        return tuple(name for name in shown if name != "backend_name")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

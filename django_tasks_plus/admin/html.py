@@ -16,7 +16,9 @@ from django.utils.safestring import SafeString
 from .display import ago, short_id
 
 EMPTY = "-"  # as Django's empty_value_display
-TIME_FORMAT = "Y-m-d H:i:s"
+DATE_FORMAT, CLOCK_FORMAT = "Y-m-d", "H:i:s"
+# A task path longer than this is shortened in the lists (the whole path on hover).
+PATH_CHARS = 32
 
 
 def badge(text: str, kind: str | None = None) -> SafeString:
@@ -30,15 +32,40 @@ def moment(value: datetime | None, now: datetime | None = None, *, relative: boo
     """A time to the second, in the current time zone, with "3 min ago" under it."""
     if value is None:
         return EMPTY
-    shown = date_format(timezone.localtime(value), TIME_FORMAT)
-    if not relative:
-        return format_html('<span class="dtp-time" title="{}">{}</span>', value.isoformat(), shown)
-    return format_html(
-        '<span class="dtp-time" title="{}">{}</span><br><span class="dtp-note">{}</span>',
+    local = timezone.localtime(value)
+    # Date and clock in their own spans, so a narrow list column can stack them (CSS).
+    shown = format_html(
+        '<span class="dtp-time" title="{}"><span class="dtp-date">{}</span> '
+        '<span class="dtp-clock">{}</span></span>',
         value.isoformat(),
-        shown,
-        ago(value, now or timezone.now()),
+        date_format(local, DATE_FORMAT),
+        date_format(local, CLOCK_FORMAT),
     )
+    if not relative:
+        return shown
+    return format_html(
+        '{}<br><span class="dtp-note">{}</span>', shown, ago(value, now or timezone.now())
+    )
+
+
+def short_path(path: str, limit: int = PATH_CHARS) -> str:
+    """A dotted path that fits ``limit`` characters where it can: the leading package
+    names cut to their first letter, then the module's too; the function's name is
+    always whole. ``acme_billing.integrations.tasks.deliver`` -> ``a.i.tasks.deliver``."""
+    if len(path) <= limit:
+        return path
+    *modules, name = path.split(".")
+    for keep in (1, 0):
+        cut = len(modules) - keep
+        shortened = ".".join([*(part[:1] for part in modules[:cut]), *modules[cut:], name])
+        if len(shortened) <= limit:
+            return shortened
+    return shortened
+
+
+def task_path(path: str) -> SafeString:
+    """A task path on one line, shortened (``short_path``), the whole path on hover."""
+    return format_html('<span class="dtp-path" title="{}">{}</span>', path, short_path(path))
 
 
 def task_link(task_id: Any, *, text: str | None = None) -> SafeString:

@@ -1,5 +1,6 @@
 """The overview page: what is waiting, running and dead per queue, throughput and failure
-rate, latency percentiles, workers and circuits, with server-rendered SVG charts.
+rate, latency percentiles, workers, circuits and schedules, with server-rendered SVG
+charts.
 
 Everything comes from the metrics read API (``metrics/queries.py``) and
 ``circuits.breaker_states``: gauges are counted from the task table by indexed queries,
@@ -16,6 +17,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -28,6 +30,8 @@ from django.utils.translation import gettext as _
 from .. import charts, circuits, metrics
 from ..metrics.aggregate import enabled_targets
 from ..metrics.catalog import BUCKETS
+from ..models import ScheduleRecord
+from ..operations import database_backend
 from ..waiting import LABELS, Capped, Reason
 from . import display
 from .filters import configured_backends
@@ -128,6 +132,9 @@ def build(
         "workers_url": reverse(f"{site}:django_tasks_plus_workerrecord_changelist"),
         "breakers": circuits_open,
         "breakers_url": reverse(f"{site}:django_tasks_plus_breakerrecord_changelist"),
+        "schedules": schedule_counts(backend),
+        "schedules_url": reverse(f"{site}:django_tasks_plus_schedulerecord_changelist")
+        + ("?" + urlencode({"backend_name": backend}) if filter_backend else ""),
         "metrics_enabled": backend in enabled_targets(),
     }
     if not context["metrics_enabled"]:
@@ -158,6 +165,20 @@ def build(
         ],
     )
     return context
+
+
+def schedule_counts(backend: str) -> dict[str, int]:
+    """The backend's schedules in use (not removed from code or settings): how many fire
+    and how many are paused, in one query."""
+    database = database_backend(backend, needed_by="the overview").settings.database
+    return (
+        ScheduleRecord.objects.using(database)
+        .filter(backend_name=backend, enabled=True)
+        .aggregate(
+            active=Count("pk", filter=Q(paused=False)),
+            paused=Count("pk", filter=Q(paused=True)),
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +295,8 @@ def _latency_chart(kind: str, found: metrics.Histogram) -> dict[str, Any]:
             description=description,
             labels=labels,
             series=[charts.Series(_("attempts"), list(found.buckets), "primary")],
-            unit=_("attempts ≤ bound"),
+            # Each bar counts its own bucket (above the bound before it, up to its own).
+            unit=_("attempts per bucket, by upper bound"),
         ),
     )
 

@@ -1,6 +1,8 @@
-"""The schedules page: each stored schedule with its timing, state, next and last
-occurrence, its last run's status (linked), and where it is defined; pause, resume and
-run-now as admin actions.
+"""The schedules page: each stored schedule with its timing (in words and as written),
+state, next and last occurrence, its last run's status (linked), and where it is
+defined; pause, resume and run-now as admin actions. A schedule's own page adds the
+history of its runs: each occurrence acted on, with its task (linked) and that task's
+status.
 
 The rows are read-only here: a schedule from code or settings is edited there, a runtime
 one through ``schedules.api``. The actions need the model's change permission
@@ -9,40 +11,74 @@ one through ``schedules.api``. The actions need the model's change permission
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from ..models import ScheduleRecord, TaskRecord
+from ..models import ScheduleOccurrence, ScheduleRecord, TaskRecord
 from ..schedules import ScheduleError, api
+from ..schedules.store import spec_of
+from ..schedules.words import describe
 from . import html
 from .base import ReadOnlyAdmin, log_change
 
+HISTORY_LENGTH = 50
+"""Occurrences shown on a schedule's page, the latest first (the table keeps them all)."""
+
 
 class ScheduleRecordAdmin(ReadOnlyAdmin):
+    # Name, next and last run first: what an operator looks for, and what a phone shows
+    # (the stylesheet wraps their times and hides the columns after them on a narrow
+    # screen; a schedule's own page shows everything).
     list_display = (
         "name",
-        "when",
-        "timezone",
-        "state",
-        "source",
         "next_occurrence",
-        "last_fired",
         "last_run",
+        "state",
+        "in_words",
+        "expression",
+        "timezone",
+        "source",
         "task_path",
     )
     list_filter = ("source", "paused", "enabled", "backend_name")
     search_fields = ("name", "task_path")
     ordering = ("name",)
     actions = ("pause", "resume", "run_now")
+    fieldsets = (
+        (None, {"fields": ("name", "state", "source", "backend_name", "task_path")}),
+        (
+            _("When"),
+            {"fields": ("in_words", "expression", "timezone", "next_occurrence", "last_fired")},
+        ),
+        (_("Call"), {"fields": ("args", "kwargs", "queue_name", "priority")}),
+        (_("Policies"), {"fields": ("catch_up", "catch_up_cap", "overlap")}),
+        (_("Runs"), {"fields": ("last_run", "history")}),
+    )
+    readonly_fields = (
+        "state",
+        "in_words",
+        "expression",
+        "next_occurrence",
+        "last_fired",
+        "last_run",
+        "history",
+    )
 
     @admin.display(description=_("when"))
-    def when(self, row: ScheduleRecord) -> str:
-        return row.cron or f"every {row.every_seconds} s"
+    def in_words(self, row: ScheduleRecord) -> str:
+        return describe(spec_of(row))
+
+    @admin.display(description=_("expression"))
+    def expression(self, row: ScheduleRecord) -> Any:
+        written = row.cron or f"Every(seconds={row.every_seconds})"
+        return format_html("<code>{}</code>", written)
 
     @admin.display(description=_("state"))
     def state(self, row: ScheduleRecord) -> Any:
@@ -58,14 +94,60 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
     def last_fired(self, row: ScheduleRecord) -> Any:
         return html.moment(row.last_fired_at)
 
-    @admin.display(description=_("last run"))
+    @admin.display(description=_("last run"), ordering="last_fired_at")
     def last_run(self, row: ScheduleRecord) -> Any:
+        """When it last fired, its task (linked) and the task's status."""
         if row.last_task_id is None:
-            return html.EMPTY
-        status = (
-            TaskRecord.objects.filter(pk=row.last_task_id).values_list("status", flat=True).first()
+            return html.moment(row.last_fired_at)
+        return format_html(
+            "{}<br>{}",
+            html.moment(row.last_fired_at),
+            run_cell(row.last_task_id, getattr(row, "last_status", None)),
         )
-        return format_html("{} {}", html.task_link(row.last_task_id), status or "pruned")
+
+    @admin.display(description=_("history of runs"))
+    def history(self, row: ScheduleRecord) -> Any:
+        occurrences = list(
+            ScheduleOccurrence.objects.filter(schedule=row).order_by("-at")[:HISTORY_LENGTH]
+        )
+        if not occurrences:
+            return _("No occurrence yet.")
+        statuses = task_statuses(o.task_id for o in occurrences if o.task_id is not None)
+        head = format_html(
+            "<tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>",
+            _("occurrence"),
+            _("action"),
+            _("task and its status"),
+            _("why skipped"),
+        )
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    html.moment(o.at, relative=False),
+                    html.badge(
+                        o.get_action_display(), "skipped" if o.action == "skipped" else "ready"
+                    ),
+                    html.EMPTY
+                    if o.task_id is None
+                    else run_cell(o.task_id, statuses.get(o.task_id)),
+                    o.reason or "",
+                )
+                for o in occurrences
+            ),
+        )
+        return format_html(
+            '<div class="dtp-scroll"><table class="dtp-history"><thead>{}</thead><tbody>{}</tbody>'
+            "</table></div>",
+            head,
+            body,
+        )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduleRecord]:
+        """Each row with its last run's status, read in the same query."""
+        last = TaskRecord.objects.filter(pk=OuterRef("last_task_id")).values("status")[:1]
+        return super().get_queryset(request).annotate(last_status=Subquery(last))
 
     # -- actions --------------------------------------------------------------------------
 
@@ -97,3 +179,18 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
             count += 1
             log_change(request, [row], f"Schedule {done} from the admin.")
         self.message_user(request, f"{count} schedule(s) {done}.", messages.SUCCESS)
+
+
+def task_statuses(task_ids: Iterable[Any]) -> dict[Any, str]:
+    """The status of each task still in the table, by id, in one query."""
+    ids = list(task_ids)
+    if not ids:
+        return {}
+    return dict(TaskRecord.objects.filter(pk__in=ids).values_list("pk", "status"))
+
+
+def run_cell(task_id: Any, status: str | None) -> SafeString:
+    """A run: its task's short id (linked) and status; "pruned" once the task is gone."""
+    return format_html(
+        "{} {}", html.task_link(task_id), html.badge(status.lower()) if status else _("pruned")
+    )

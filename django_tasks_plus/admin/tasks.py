@@ -56,6 +56,7 @@ _JSON_COLUMNS = ("args", "kwargs", "return_value", "errors", "worker_ids", "meta
 DEAD_LETTERS = "django_tasks_plus_taskrecord_deadletters"
 CHANGELIST = "admin:django_tasks_plus_taskrecord_changelist"
 BAD_FILTER_TEMPLATE = "admin/django_tasks_plus/taskrecord/bad_filter.html"
+NO_FILTER = "no filter"  # what describe_filter() says of a page without one
 MATCHING = "django_tasks_plus_taskrecord_matching"
 LIST_MATCHING = "django_tasks_plus_taskrecord_list_matching"
 HELD_WARNING = _(
@@ -142,7 +143,7 @@ def describe_filter(params: dict[str, list[str]]) -> str:
         for value in values
         if value != ""
     ]
-    return ", ".join(shown) if shown else "no filter"
+    return ", ".join(shown) if shown else NO_FILTER
 
 
 class TaskRecordAdmin(ReadOnlyAdmin):
@@ -282,13 +283,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("task"), ordering="task_path")
     def task(self, record: TaskRecord) -> Any:
-        module, _dot, name = record.task_path.rpartition(".")
-        return format_html(
-            '<span class="dtp-path" title="{}">{}<wbr>.{}</span>',
-            record.task_path,
-            module,
-            name,
-        )
+        return html.task_path(record.task_path)
 
     @admin.display(description=_("queue"), ordering="queue_name")
     def queue(self, record: TaskRecord) -> Any:
@@ -775,6 +770,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             "operation": chosen,
             "count": matching.count(),
             "described": described,
+            "filtered": described != NO_FILTER,
             "back_url": back,
             "dead_letters": dead_letters,
             "held": held,

@@ -1,7 +1,8 @@
 """Metrics: counters and histograms from the lifecycle events, per queue and task path,
 kept per minute in the database so that every process sees the whole fleet.
 
-- ``aggregate``: the process-wide aggregator (an events subscriber) and its flushes;
+- ``aggregate``: the process's aggregator (an events subscriber owned by the app:
+  ``aggregator()``) and its flushes;
 - ``catalog``: what is counted, the fixed histogram buckets, the stored names, and the
   registry of the features' own counters (``register_counter``);
 - ``queries``: the read API (gauges, totals, rate series, percentiles, workers) that
@@ -13,7 +14,7 @@ See docs/metrics.md.
 
 from __future__ import annotations
 
-from .aggregate import AGGREGATOR, install, register_counter
+from .aggregate import aggregator, install, register_counter
 from .catalog import BUCKETS, COUNTER_NAMES, HISTOGRAM_NAMES, feature_counters
 from .queries import (
     Histogram,
@@ -35,11 +36,10 @@ from .queries import (
 
 def flush() -> int:
     """Write this process's counts now (tests, scripts); returns the rows written."""
-    return AGGREGATOR.flush()
+    return aggregator().flush()
 
 
 __all__ = [
-    "AGGREGATOR",
     "BUCKETS",
     "COUNTER_NAMES",
     "HISTOGRAM_NAMES",
@@ -48,6 +48,7 @@ __all__ = [
     "QueueWaiting",
     "Total",
     "WorkerStatus",
+    "aggregator",
     "all_time",
     "counter_totals",
     "feature_counters",

@@ -1,4 +1,7 @@
-"""The process-wide aggregator: events in, per-minute rows out.
+"""The process's aggregator: events in, per-minute rows out.
+
+The app owns the one in use (``aggregator()``: its ``AppConfig.aggregator``), which
+subscribes it to the events (``install()``) and flushes it when the process exits.
 
 Every process that emits events (web processes enqueue, workers run) adds them up here,
 in memory. A handler runs on the emitting thread (a task's, the outcome writer's), so it
@@ -23,7 +26,6 @@ number. Only a process killed outright loses what it counted since its last flus
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
@@ -33,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -45,6 +47,7 @@ from .. import events
 from ..conf import BackendSettings, MetricsSettings, metrics_settings
 from ..db.metrics import FlushFailed, Row, land_flush
 from ..exceptions import InvalidBackendOptions
+from ..registries import app, installed_app
 from .catalog import (
     ALL_TIME,
     BUCKET_NAMES,
@@ -121,6 +124,15 @@ class Aggregator:
         # each is sent again under its own key until a flush succeeds.
         self.unsettled: dict[str, dict[str, Batch]] = {}
 
+    def reset(self) -> None:
+        """Forget everything counted and not written (pending, raw and unsettled), and
+        start as if it had just flushed: an enqueue-side event then flushes only once
+        ``flush_interval`` has passed (tests: ``registries.reset()`` calls this)."""
+        with self._flushing:
+            self.take()
+            self.unsettled.clear()
+            self.last_flush = time.monotonic()
+
     # -- events in (hot: one append each) ------------------------------------------------
 
     def on_count(self, event: events.Event) -> None:
@@ -178,10 +190,10 @@ class Aggregator:
             self.fold()
 
     def on_feature(self, event: events.Event) -> None:
-        """An event a feature's counter counts (``catalog.feature_counters``)."""
+        """An event a feature's counter counts (``catalog.feature_counters()``)."""
         labels = event.labels
         number = int(event.measurements.get("count", 1))
-        for counter in feature_counters.by_event.get(event.name, ()):
+        for counter in feature_counters().by_event.get(event.name, ()):
             self.raw.append(
                 (
                     FEATURE,
@@ -399,7 +411,9 @@ def _copy(extra: dict[str, int] | None) -> dict[str, int] | None:
     return dict(extra) if extra else None
 
 
-AGGREGATOR = Aggregator()
+def aggregator() -> Aggregator:
+    """The app's aggregator (owned by the installed app, ``apps.TasksPlusConfig``)."""
+    return cast(Aggregator, app().aggregator)
 
 
 def enabled_targets(tasks: Mapping[str, Any] | None = None) -> dict[str, Target]:
@@ -439,7 +453,7 @@ def _handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
 
 
 def _feature_handlers(aggregator: Aggregator) -> dict[str, events.Handler]:
-    return dict.fromkeys(feature_counters.by_event, aggregator.on_feature)
+    return dict.fromkeys(feature_counters().by_event, aggregator.on_feature)
 
 
 def register_counter(
@@ -454,29 +468,35 @@ def register_counter(
     else one, per backend, queue, task path and the event labels named in ``labels``.
     The events must be registered first (``events.register_names``). Call it when the
     feature starts (its ``AppConfig.ready``); ``builtin=True`` for the app's own
-    features, whose counters a test's ``feature_counters.reset()`` keeps."""
-    counter = feature_counters.register(
+    features, whose counters a test's ``registries.reset()`` keeps."""
+    counter = feature_counters().register(
         FeatureCounter(name, tuple(event_names), help, tuple(labels)), builtin=builtin
     )
-    if AGGREGATOR.targets:  # subscribed already: count the new events too
+    counting = aggregator()
+    if counting.targets:  # subscribed already: count the new events too
         for event_name in counter.events:
-            events.subscribe(AGGREGATOR.on_feature, event_name)
+            events.subscribe(counting.on_feature, event_name)
     return counter
 
 
 def install(tasks: Mapping[str, Any] | None = None) -> bool:
     """Subscribe the aggregator when a backend has metrics on, unsubscribe it when none
     has (then no event is even built for it). Called at startup and when ``TASKS``
-    changes; returns whether it is subscribed."""
+    changes; returns whether it is subscribed. Nothing to do when the app is not
+    installed (a test's ``override_settings(INSTALLED_APPS=...)`` without it)."""
+    config = installed_app()
+    if config is None:
+        return False
+    counting = cast(Aggregator, config.aggregator)
     targets = enabled_targets(tasks)
-    AGGREGATOR.targets = targets
-    handlers = _handlers(AGGREGATOR)
-    for name, handler in [*handlers.items(), *_feature_handlers(AGGREGATOR).items()]:
+    counting.targets = targets
+    handlers = _handlers(counting)
+    for name, handler in [*handlers.items(), *_feature_handlers(counting).items()]:
         events.unsubscribe(handler, name)
     if not targets:
         return False
-    AGGREGATOR.flush_interval = min(t.metrics.flush_interval for t in targets.values())
-    for name, handler in [*handlers.items(), *_feature_handlers(AGGREGATOR).items()]:
+    counting.flush_interval = min(t.metrics.flush_interval for t in targets.values())
+    for name, handler in [*handlers.items(), *_feature_handlers(counting).items()]:
         events.subscribe(handler, name)
     return True
 
@@ -485,6 +505,3 @@ def install(tasks: Mapping[str, Any] | None = None) -> bool:
 def _tasks_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "TASKS":
         install()
-
-
-atexit.register(AGGREGATOR.flush_at_exit)

@@ -11,10 +11,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from .. import events
 from ..limits import METRIC_NAME_MAX_LENGTH
+from ..registries import app
 
 # Counter -> (the events it counts, help text). An event's ``count`` measurement, when it
 # has one (a bulk enqueue, a breaker holding many tasks), adds that many.
@@ -133,7 +134,8 @@ def split_stored_name(stored: str) -> tuple[str, dict[str, str]]:
 
 
 class FeatureCounters:
-    """The registry of the features' counters (an object with an explicit ``reset``)."""
+    """The registry of the features' counters, with an explicit ``reset``. The app owns
+    the one in use (``feature_counters()``: its ``AppConfig.feature_counters``)."""
 
     def __init__(self) -> None:
         self.counters: dict[str, FeatureCounter] = {}
@@ -151,7 +153,7 @@ class FeatureCounters:
         known = self.counters.get(counter.name)
         if known is not None and known != counter:
             raise ValueError(f"A different counter named {counter.name!r} is registered.")
-        events.bus.checked(counter.events or ("",))  # raises ValueError naming the unknown
+        events.bus().checked(counter.events or ("",))  # raises ValueError naming the unknown
         self.counters[counter.name] = counter
         if builtin:
             self.builtin[counter.name] = counter
@@ -171,4 +173,6 @@ class FeatureCounters:
         self._index()
 
 
-feature_counters = FeatureCounters()
+def feature_counters() -> FeatureCounters:
+    """The app's registry of the features' counters (owned by the installed app)."""
+    return cast(FeatureCounters, app().feature_counters)

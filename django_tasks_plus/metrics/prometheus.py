@@ -54,7 +54,7 @@ class TasksCollector(Collector):
             name: CounterMetricFamily(
                 f"{PREFIX}_{name}", counter.help, labels=[*LABELS, *counter.labels]
             )
-            for name, counter in feature_counters.counters.items()
+            for name, counter in feature_counters().counters.items()
         }
         histograms = {
             kind: HistogramMetricFamily(f"{PREFIX}_{kind}_seconds", HISTOGRAMS[kind], labels=LABELS)
@@ -81,7 +81,7 @@ class TasksCollector(Collector):
                     counters[name].add_metric(labels, value)
                 for stored, value in numbers["features"].items():
                     name, own = split_stored_name(stored)
-                    counter = feature_counters.counters[name]
+                    counter = feature_counters().counters[name]
                     own_labels = [own.get(label, "") for label in counter.labels]
                     features[name].add_metric([*labels, *own_labels], value)
                 for kind in HISTOGRAM_NAMES:

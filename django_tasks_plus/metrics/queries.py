@@ -372,7 +372,7 @@ def all_time(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> dict[tuple[str
             "features": {
                 name: value
                 for name, value in values.items()
-                if split_stored_name(name)[0] in feature_counters.counters
+                if split_stored_name(name)[0] in feature_counters().counters
             },
         }
     return out

@@ -7,14 +7,17 @@ enqueues each occurrence exactly once. See docs/schedules.md.
 
 from .declared import Scheduled
 from .errors import InvalidSchedule, ScheduleError, ScheduleNotEditable, ScheduleNotFound
+from .occurrence import Occurrence, occurrence_of
 from .timing import Cron, Every
 
 __all__ = [
     "Cron",
     "Every",
     "InvalidSchedule",
+    "Occurrence",
     "ScheduleError",
     "ScheduleNotEditable",
     "ScheduleNotFound",
     "Scheduled",
+    "occurrence_of",
 ]

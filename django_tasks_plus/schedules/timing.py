@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
+from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -29,9 +30,16 @@ CATCH_UP_POLICIES = ("none", "latest", "all")
 OVERLAP_POLICIES = ("allow", "skip")
 DEFAULT_CATCH_UP = "latest"
 DEFAULT_CATCH_UP_CAP = 10
-GRACE = timedelta(seconds=30)
-"""An occurrence found due at most this long ago is on time (a tick is at most a second
-late on a healthy leader); older ones were missed while no scheduler ran."""
+ON_TIME_WINDOW = timedelta(seconds=30)
+"""How late an occurrence may be found and still be on time (it fires under every
+``catch_up`` policy). A healthy leader ticks every half second, but an occurrence is also
+found late, through no outage, by a new leader taking over from one that died at the
+moment of firing (a follower bids for leadership every 5 s at most), by the last batch of
+a tick with many schedules due, or by a worker stalled on a slow database or a long
+garbage collection: firing those late is what the user wants, skipping them is not.
+Thirty seconds covers these several times over. An occurrence older than this was
+missed while no scheduler ran (a deploy, an outage), and its schedule's ``catch_up``
+decides what becomes of it."""
 ENUMERATION_LIMIT = 10_000
 """At most this many missed occurrences are listed one by one; beyond, they are counted
 as one jump (an ``Every(seconds=1)`` schedule after a week's outage)."""
@@ -177,6 +185,7 @@ class Plan:
     next_at: datetime
 
 
+@lru_cache(maxsize=4096)
 def plan(
     spec: Spec,
     next_at: datetime,
@@ -186,7 +195,7 @@ def plan(
     *,
     catch_up: str = DEFAULT_CATCH_UP,
     cap: int = DEFAULT_CATCH_UP_CAP,
-    grace: timedelta = GRACE,
+    grace: timedelta = ON_TIME_WINDOW,
 ) -> Plan:
     """The tick's decision for a schedule waiting for ``next_at`` at time ``now``.
 
@@ -194,6 +203,11 @@ def plan(
     while no scheduler ran; ``catch_up`` says what to do with them: ``"none"`` skips
     them, ``"latest"`` fires the latest of them (when no on-time one fires), ``"all"``
     fires each, the latest ``cap`` of them.
+
+    Cached: the schedules due in one tick share ``now`` and, as often as not, their
+    expression, and croniter's walk is the costliest step of firing them. The hash id
+    takes part in the result only through ``H`` (and croniter's ``R``): ``plan_for``
+    leaves it out otherwise.
     """
     if catch_up not in CATCH_UP_POLICIES:
         raise InvalidSchedule(f"catch_up must be one of {CATCH_UP_POLICIES}, got {catch_up!r}.")
@@ -210,6 +224,22 @@ def plan(
         fire = (late[-cap:] if cap > 0 else []) + on_time
     missed = len(due) - len(fire) + dropped
     return Plan(tuple(fire), missed, next_after(spec, now, tz, hash_id))
+
+
+def plan_for(
+    spec: Spec,
+    next_at: datetime,
+    now: datetime,
+    tz: tzinfo,
+    name: str,
+    *,
+    catch_up: str = DEFAULT_CATCH_UP,
+    cap: int = DEFAULT_CATCH_UP_CAP,
+) -> Plan:
+    """``plan`` for the schedule called ``name``: schedules whose expression has no
+    hashed field share one cached plan."""
+    hashed = isinstance(spec, Cron) and any(c in spec.expression.upper() for c in "HR")
+    return plan(spec, next_at, now, tz, name if hashed else "", catch_up=catch_up, cap=cap)
 
 
 def _due(

@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 from ..conf import BackendSettings
 from ..db import worker_connection
 from ..db.metrics import prune_flush_keys, prune_metrics
-from ..metrics.aggregate import AGGREGATOR, Aggregator
+from ..metrics import aggregate
 from ..metrics.catalog import ALL_TIME
 from .plugins import ServiceContext
 from .services import LoopService, Service
@@ -46,13 +46,14 @@ class MetricsFlusher(LoopService):
         interval: float,
         bound_seconds: float,
         after: Sequence[Service] = (),
-        aggregator: Aggregator = AGGREGATOR,
+        aggregator: aggregate.Aggregator | None = None,
     ) -> None:
+        """``aggregator``: the one to flush (default: the app's)."""
         super().__init__(database)
         self.interval = interval
         self.bound_seconds = bound_seconds
         self.after = tuple(after)
-        self.aggregator = aggregator
+        self.aggregator = aggregator if aggregator is not None else aggregate.aggregator()
 
     def start(self) -> None:
         self.aggregator.claim()

@@ -89,7 +89,19 @@ def _even_minute() -> bool:
 
 @task(retry=exponential_backoff(max_attempts=1), ordering_failure="block")
 def sync_account(account: str, step: int) -> str:
-    """Steps of one account run in order; step 3 of ``acme`` dies and blocks the rest."""
+    """Steps of one account run in order (the demo enqueues them with the ordering key
+    ``account:<name>``); step 3 of ``acme`` dies and blocks the rest."""
     if account == "acme" and step == 3:
         raise PermissionError(f"{account}: the API token was revoked")
     return f"{account} step {step} synced"
+
+
+@task(takes_context=True)
+def scheduled_report(context, what: str) -> str:
+    """Run by the demo's two schedules (``enqueue_demo``): says which occurrence it is."""
+    from django_tasks_plus.schedules import occurrence_of
+
+    occurrence = occurrence_of(context)
+    if occurrence is None:
+        return f"{what}, run by hand"
+    return f"{what} for {occurrence.schedule} at {occurrence.at:%H:%M:%S} UTC"
