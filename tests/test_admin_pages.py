@@ -202,7 +202,8 @@ def test_a_dead_task_page_shows_each_attempt_and_redrive_keeps_the_history(
     assert 'class="dtp-badge dtp-badge-failed"' in listing
     assert 'class="dtp-badge dtp-badge-successful"' in listing
     assert f'title="{dead.id}"' in listing  # the full id, shown short
-    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", listing)  # seconds
+    # To the second: the date and the clock in their own spans (stacked in a narrow column).
+    assert re.search(r'\d{4}-\d\d-\d\d</span> <span class="dtp-clock">\d\d:\d\d:\d\d', listing)
     assert "ran " in listing  # run time of finished tasks
 
     page = admin_client.get(url("taskrecord_change", dead.id)).content.decode()
