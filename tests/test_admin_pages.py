@@ -346,6 +346,8 @@ def test_dead_letters_show_reason_last_error_and_attempts(admin_client):
     assert "builtins.ValueError" in page and ">boom<" in page
     assert page.count('class="action-checkbox"') == 1  # the READY task is not listed
     assert "Redrive all matching" in page
+    assert "waiting=" not in page  # dead tasks do not wait: no "waiting for" filter
+    assert "waiting=held" in admin_client.get(url("taskrecord_changelist")).content.decode()
 
 
 # -- "all matching the filter" -------------------------------------------------------------------

@@ -217,8 +217,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         return self.list_display
 
     def get_list_filter(self, request: HttpRequest) -> Any:
-        if _is_dead_view(request):
-            return [spec for spec in self.list_filter if spec != "status"]
+        if _is_dead_view(request):  # dead tasks neither have a status to pick nor wait
+            return [spec for spec in self.list_filter if spec not in ("status", WaitingFilter)]
         return self.list_filter
 
     def get_ordering(self, request: HttpRequest) -> Any:
