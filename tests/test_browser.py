@@ -58,9 +58,10 @@ ADMIN = "/admin/django_tasks_plus/"
 WIDE = {"width": 1280, "height": 900}  # a laptop, with Django's sidebar open
 PHONE = {"width": 390, "height": 844}  # a phone during an incident
 SCHEMES = ("light", "dark")
-# A list row holds a date, its clock and "3 min ago" under it, or a reason a waiting
-# task gives ("blocked by its ordering key behind 5d19…"): four short lines at most.
-ROW_MAX_PX = 84
+# A list row holds a date, its clock and "3 min ago" under it (about 64 px), or the
+# longest reason a waiting task gives ("blocked by its ordering key behind 5d19…, due
+# 2 min ago"): five short lines at most, where rows used to reach 150 px.
+ROW_MAX_PX = 100
 # A schedule's last run adds the task's id and its status under its time.
 SCHEDULES_ROW_MAX_PX = 110
 # The dead letters add the reason and the last error's message (a few lines each).
