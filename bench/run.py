@@ -43,6 +43,7 @@ from benchenv import (
     REPO,
     RESULTS,
     django_env,
+    precompile,
 )
 from report import Row, Series
 
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     plan, args = parse_args(argv)
     started = time.monotonic()
     progress(f"plan: {plan}")
+    precompile()
     reset_postgres()
     meta = environment()
     postgres = measure_postgres(plan)
