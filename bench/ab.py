@@ -3,6 +3,7 @@
     git worktree add --detach /tmp/base <commit>
     python bench/ab.py --base /tmp/base                 # 3 rounds, A B A B A B
     python bench/ab.py --base /tmp/base --rounds 5 --only drain,idle
+    python bench/ab.py --side new=. --side main=/tmp/main --side old=/tmp/base
 
 Each round measures, for A (this checkout) then B (``--base``): single ``enqueue()``/s,
 ``enqueue_many``/s and a ``runtasks --burst`` drain, each right after its bare-psycopg
@@ -12,8 +13,9 @@ into start-up (CPU and wall from process start to the first claim, per process) 
 steady state (worker CPU per task between the 10th and 90th percentile of finish times),
 see ``ab_driver.py``. Medians over rounds, spread as half the min-max range.
 
-Each side gets its own database (``<prefix>_a``, ``<prefix>_b``, migrated by its own
-code) and the baselines a third (``<prefix>_bare``); all three are dropped and recreated.
+Each side gets its own database (``<prefix>_0``, ``<prefix>_1``, …, migrated by its own
+code) and the baselines one more (``<prefix>_bare``); all are dropped and recreated. The
+JSON in ``bench/results/ab-<time>.json`` is rewritten after every measurement.
 Nothing is installed: the side's checkout goes first on ``PYTHONPATH``.
 """
 
@@ -38,7 +40,10 @@ WORKLOADS = ("single", "bulk", "drain", "idle")
 
 
 def side_env(checkout: Path, database: str) -> dict[str, str]:
-    path = os.pathsep.join([str(checkout), str(checkout / "testproject"), str(BENCH)])
+    """The side's package, test project and bench tasks first (its settings then import
+    ``benchtasks``, not the test suite's tasks, as ``run.py``'s processes do)."""
+    folders = [checkout, checkout / "testproject", checkout / "bench", BENCH]
+    path = os.pathsep.join(str(folder) for folder in folders)
     return {
         **os.environ,
         "PYTHONPATH": path,
@@ -99,25 +104,47 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
 
 
 def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
-    lines = [f"{'workload':8} {'figure':26} {'A (head)':>18} {'B (base)':>18} {'A/B':>6}"]
+    """Each figure's median (and spread) per side; the last column is the first side's
+    median over the last side's."""
+    names = list(results)
+    head = f"{'workload':8} {'figure':24}" + "".join(f" {name:>17}" for name in names)
+    lines = [f"{head} {names[0] + '/' + names[-1]:>8}"]
     for workload in WORKLOADS:
-        a = summarize(results["A"].get(workload, []))
-        b = summarize(results["B"].get(workload, []))
-        for key in a:
-            if key not in b:
+        summaries = [summarize(results[name].get(workload, [])) for name in names]
+        for key in summaries[0]:
+            if not all(key in summary for summary in summaries):
                 continue
-            (av, aspread), (bv, bspread) = a[key], b[key]
-            lines.append(
-                f"{workload:8} {key:26} {av:>11.4g} ±{aspread:3.0f}% {bv:>11.4g} ±{bspread:3.0f}%"
-                f" {av / bv if bv else float('nan'):>6.3f}"
-            )
+            cells = "".join(f" {s[key][0]:>11.4g} ±{s[key][1]:3.0f}%" for s in summaries)
+            last = summaries[-1][key][0]
+            ratio = summaries[0][key][0] / last if last else float("nan")
+            lines.append(f"{workload:8} {key:24}{cells} {ratio:>8.3f}")
     return lines
+
+
+def parse_side(value: str) -> tuple[str, Path]:
+    name, _, path = value.rpartition("=")
+    return name or Path(path).name, Path(path).resolve()
+
+
+def measure_twice(checkout: Path, database: str, workload: str, **options: Any) -> dict[str, Any]:
+    """One retry: on a shared machine a run can fail for want of connections."""
+    try:
+        return measure(checkout, database, workload, **options)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        progress(f"failed, once more in 10 s: {str(exc).splitlines()[-1][:200]}")
+        time.sleep(10)
+        return measure(checkout, database, workload, **options)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, required=True, help="checkout of the B commit")
-    parser.add_argument("--head", type=Path, default=REPO, help="checkout of A (this one)")
+    parser.add_argument(
+        "--side",
+        action="append",
+        type=parse_side,
+        help="NAME=CHECKOUT, in run order (repeat; the table divides the first by the last)",
+    )
+    parser.add_argument("--base", type=Path, help="checkout of B (same as --side B=PATH)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=20_000, help="bulk and drain size")
     parser.add_argument("--single", type=int, default=2_000, help="single enqueues")
@@ -126,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-prefix", default="bench_ab", help="database names' prefix")
     args = parser.parse_args(argv)
     workloads = [w for w in WORKLOADS if w in args.only.split(",")]
-    sides = {"A": args.head.resolve(), "B": args.base.resolve()}
-    databases = {"A": f"{args.db_prefix}_a", "B": f"{args.db_prefix}_b"}
+    sides = dict(args.side or [("A", REPO)])
+    if args.base is not None:
+        sides["B"] = args.base.resolve()
+    if len(sides) < 2:
+        parser.error("give the side to compare with: --base PATH or --side NAME=PATH")
+    databases = {name: f"{args.db_prefix}_{index}" for index, name in enumerate(sides)}
     bare_db = f"{args.db_prefix}_bare"
     bare_dsn = f"{PG_SERVER}/{bare_db}"
     for database in [*databases.values(), bare_db]:
@@ -135,32 +166,31 @@ def main(argv: list[str] | None = None) -> int:
     for side, checkout in sides.items():
         precompile(checkout)
         measure(checkout, databases[side], "setup")
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {"A": {}, "B": {}}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {side: {} for side in sides}
+    payload = {
+        "sides": {side: str(checkout) for side, checkout in sides.items()},
+        "args": {key: str(value) for key, value in vars(args).items()},
+        "results": results,
+    }
     for round_ in range(1, args.rounds + 1):
         for workload in workloads:
             for side, checkout in sides.items():
                 progress(f"round {round_}: {workload} {side}")
                 reference = None if workload == "idle" else bare(workload, bare_dsn, args)
                 size = args.single if workload == "single" else args.tasks
-                run = measure(
+                run = measure_twice(
                     checkout, databases[side], workload, tasks=size, processes=args.processes
                 )
+                run["load_average"] = os.getloadavg()[0]
                 if reference:
                     run["bare_rate"] = float(reference)
                     run["ratio_to_bare"] = run["rate"] / reference
                 results[side].setdefault(workload, []).append(run)
+                path.write_text(json.dumps(payload, indent=1))  # a crash keeps what ran
     baseline.drop_tables(bare_dsn)
-    lines = table(results)
-    print("\n".join(lines))
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    payload = {
-        "sides": {side: str(checkout) for side, checkout in sides.items()},
-        "args": {key: str(value) for key, value in vars(args).items()},
-        "results": results,
-        "load_average": os.getloadavg(),
-    }
-    path.write_text(json.dumps(payload, indent=1))
+    print("\n".join(table(results)))
     progress(f"results: {path}")
     return 0
 
