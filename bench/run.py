@@ -44,6 +44,7 @@ from benchenv import (
     REPO,
     RESULTS,
     django_env,
+    precompile,
 )
 from report import Row, Series
 
@@ -327,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     plan, args = parse_args(argv)
     started = time.monotonic()
     progress(f"plan: {plan}")
+    precompile()
     reset_postgres()
     meta = environment()
     postgres = measure_postgres(plan)

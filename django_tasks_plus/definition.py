@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.utils import timezone
@@ -32,8 +32,10 @@ from .extensions import load_service_factories
 from .limits import KEY_MAX_LENGTH
 from .middleware import load_middleware
 from .retry import RetryPolicy, validate_policy
-from .schema import PayloadSchema, compile_schema
 from .timebounds import as_delay, not_beyond_horizon
+
+if TYPE_CHECKING:  # schema.py (and msgspec) load only once a task declares a schema
+    from .schema import PayloadSchema
 
 ORDERING_FAILURES = ("continue", "block")
 DEDUP_SCOPES = ("ttl", "finished")
@@ -282,6 +284,8 @@ def compiled_schema(task: compat.Task) -> PayloadSchema | None:
 def _compile(
     func: Callable[..., Any], schema: Any, takes_context: bool, where: str
 ) -> PayloadSchema:
+    from .schema import compile_schema
+
     check_schema_signature(func, takes_context=takes_context, where=where)
     return compile_schema(schema, where=where)
 

@@ -19,11 +19,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import lru_cache
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 from .errors import InvalidSchedule
+
+if TYPE_CHECKING:
+    from croniter import croniter
+
+
+def _croniter() -> type[croniter]:
+    """croniter (and dateutil under it), imported once a cron schedule is evaluated: a
+    process with no cron schedule never loads them."""
+    from croniter import croniter
+
+    return croniter
+
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CATCH_UP_POLICIES = ("none", "latest", "all")
@@ -89,7 +100,7 @@ def validate_spec(spec: Spec, name: str) -> Spec:
         return spec
     if isinstance(spec, Cron):
         expression = spec.expression
-        if not isinstance(expression, str) or not croniter.is_valid(
+        if not isinstance(expression, str) or not _croniter().is_valid(
             expression, hash_id=name.encode()
         ):
             raise InvalidSchedule(f"Schedule {name!r}: {expression!r} is not a valid cron string.")
@@ -130,7 +141,7 @@ def next_after(spec: Spec, after: datetime, tz: tzinfo, hash_id: str) -> datetim
         whole = elapsed.days * 86400 + elapsed.seconds
         return EPOCH + timedelta(seconds=(whole // step + 1) * step)
     wall = after.astimezone(tz).replace(tzinfo=None, microsecond=0, fold=0)
-    it = croniter(spec.expression, wall, hash_id=hash_id.encode())
+    it = _croniter()(spec.expression, wall, hash_id=hash_id.encode())
     while True:
         instant = wall_to_utc(it.get_next(datetime), tz)
         if instant > after:
@@ -255,7 +266,7 @@ def _due(
         return [first + timedelta(seconds=i * step) for i in range(behind + 1 - dropped)], dropped
     # Cron: walk back from now (a long outage costs at most the limit's steps).
     wall = now.astimezone(tz).replace(tzinfo=None, microsecond=0, fold=0)
-    it = croniter(spec.expression, wall + timedelta(seconds=1), hash_id=hash_id.encode())
+    it = _croniter()(spec.expression, wall + timedelta(seconds=1), hash_id=hash_id.encode())
     found: set[datetime] = set()
     while len(found) < ENUMERATION_LIMIT:
         instant = wall_to_utc(it.get_prev(datetime), tz)

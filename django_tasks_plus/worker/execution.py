@@ -97,6 +97,8 @@ def _call(
                 raise TaskTimeout(f"attempt ran longer than {timeout} s") from exc
 
         return async_to_sync(bounded)()
+    if timeout is None:  # no timer to arm: nothing to set up or tear down per attempt
+        return task.func(*args, **kwargs)
     timer = AttemptTimer(timeout)
     try:
         with timer:

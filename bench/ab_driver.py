@@ -1,0 +1,251 @@
+"""One measurement of one checkout for ``ab.py``, printed as a JSON line.
+
+``ab.py`` runs this script with the checkout under test first on ``PYTHONPATH`` (its
+package and its ``testproject``), so the same measuring code drives today's package and
+an older commit alike. It touches only what both sides have: ``add.enqueue``,
+``enqueue_many``, the task and worker models and ``manage.py runtasks``.
+
+    python bench/ab_driver.py {setup,single,bulk,drain,idle} --manage PATH [options]
+
+``drain`` samples every process of the worker tree (the supervisor and its forked
+children) with ``psutil`` every few milliseconds, then reads the tasks' own timestamps,
+so it can split a run in two: start-up (process start to the first claim, per process)
+and steady state (worker CPU between the 10th and the 90th percentile of finish times,
+divided by the tasks finished in between).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import resource
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import django
+
+django.setup()
+
+import psutil  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from django_tasks_plus import enqueue_many  # noqa: E402
+from django_tasks_plus.models import TaskRecord, WorkerRecord  # noqa: E402
+from example.tasks import add  # noqa: E402
+
+STEADY_FROM, STEADY_TO = 0.10, 0.90  # the steady window, as fractions of finished tasks
+
+
+def empty_tables() -> None:
+    tables = ", ".join(
+        connection.ops.quote_name(model._meta.db_table) for model in (TaskRecord, WorkerRecord)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {tables}")
+        cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TaskRecord._meta.db_table)}")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class TreeCpuSampler:
+    """CPU seconds of every process in a tree, sampled on a short period.
+
+    ``at(pid, t)`` interpolates a process's CPU at wall time ``t`` (seconds since the
+    epoch) between the samples around it. /proc counts in clock ticks (10 ms), so a
+    figure is good to about a tick per process.
+    """
+
+    def __init__(self, root: int, interval: float = 0.01) -> None:
+        self.root = psutil.Process(root)
+        self.interval = interval
+        self.samples: dict[int, tuple[list[float], list[float]]] = {}
+        self.created: dict[int, float] = {}
+        self._known: dict[int, psutil.Process] = {root: self.root}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeCpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for child in self.root.children(recursive=True):
+                    self._known.setdefault(child.pid, child)
+            except psutil.Error:
+                pass
+            for pid, process in list(self._known.items()):
+                try:
+                    times = process.cpu_times()
+                    if pid not in self.created:
+                        self.created[pid] = process.create_time()
+                except psutil.Error:
+                    continue
+                stamps, values = self.samples.setdefault(pid, ([], []))
+                stamps.append(time.time())
+                values.append(times.user + times.system)
+            self._stop.wait(self.interval)
+
+    def at(self, pid: int, moment: float) -> float:
+        stamps, values = self.samples[pid]
+        index = bisect.bisect_left(stamps, moment)
+        if index == 0:
+            return values[0]
+        if index >= len(stamps):
+            return values[-1]
+        before, after = stamps[index - 1], stamps[index]
+        share = (moment - before) / (after - before) if after > before else 0.0
+        return values[index - 1] + share * (values[index] - values[index - 1])
+
+    def last(self, pid: int) -> float:
+        return self.samples[pid][1][-1]
+
+
+def run_worker(args: argparse.Namespace) -> tuple[float, float, TreeCpuSampler]:
+    """``runtasks --burst`` to exit: wall seconds, CPU of the tree (rusage), the samples."""
+    command = [
+        sys.executable,
+        args.manage,
+        "runtasks",
+        "-v",
+        "0",
+        "--burst",
+        "--processes",
+        str(args.processes),
+    ]
+    cpu_before = children_cpu()
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with TreeCpuSampler(process.pid) as sampler:
+        _, stderr = process.communicate()
+    wall = time.perf_counter() - started
+    if process.returncode:
+        raise RuntimeError(f"worker exited {process.returncode}: {stderr.decode()[-2000:]}")
+    return wall, children_cpu() - cpu_before, sampler
+
+
+def setup(_: argparse.Namespace) -> dict[str, Any]:
+    call_command("migrate", verbosity=0)
+    return {}
+
+
+def single(args: argparse.Namespace) -> dict[str, Any]:
+    empty_tables()
+    started = time.perf_counter()
+    for i in range(args.tasks):
+        add.enqueue(i, i)
+    return {"rate": args.tasks / (time.perf_counter() - started)}
+
+
+def bulk(args: argparse.Namespace) -> dict[str, Any]:
+    empty_tables()
+    calls = [((i, i), {}) for i in range(args.tasks)]
+    started = time.perf_counter()
+    enqueue_many(add, calls)
+    return {"rate": args.tasks / (time.perf_counter() - started)}
+
+
+def idle(args: argparse.Namespace) -> dict[str, Any]:
+    """A burst worker over an empty queue: the whole cost of starting and stopping."""
+    empty_tables()
+    connection.close()
+    wall, cpu, _ = run_worker(args)
+    return {"idle_wall_s": wall, "idle_cpu_s": cpu}
+
+
+def _startup(sampler: TreeCpuSampler, rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """Per process: CPU and wall from the supervisor's start to that child's first claim.
+
+    Children are numbered in fork order (their worker ids end in ``-<index>``); the
+    supervisor is charged up to the first claim of any child.
+    """
+    root = sampler.root.pid
+    children = sorted((pid for pid in sampler.created if pid != root), key=sampler.created.get)
+    first: dict[int, float] = {}
+    for started, _, worker_ids in rows:
+        index = int(worker_ids[-1].rsplit("-", 1)[1])
+        moment = started.timestamp()
+        first[index] = min(first.get(index, moment), moment)
+    origin = sampler.created[root]
+    earliest = min(first.values())
+    result: dict[str, Any] = {
+        "start_supervisor_cpu_s": sampler.at(root, earliest),
+        "start_first_claim_s": earliest - origin,
+    }
+    child_cpu, child_wall = [], []
+    for index, pid in enumerate(children):
+        if index in first:
+            child_cpu.append(sampler.at(pid, first[index]))
+            child_wall.append(first[index] - origin)
+    result["start_child_cpu_s"] = sum(child_cpu) / len(child_cpu)
+    result["start_child_wall_s"] = sum(child_wall) / len(child_wall)
+    result["start_total_cpu_s"] = result["start_supervisor_cpu_s"] + sum(child_cpu)
+    return result
+
+
+def _steady(sampler: TreeCpuSampler, rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """Tree CPU per task between the 10th and the 90th percentile of finish times."""
+    finished = sorted(row[1].timestamp() for row in rows)
+    low = finished[int(STEADY_FROM * (len(finished) - 1))]
+    high = finished[int(STEADY_TO * (len(finished) - 1))]
+    tasks = sum(1 for moment in finished if low < moment <= high)
+    cpu = sum(sampler.at(pid, high) - sampler.at(pid, low) for pid in sampler.samples)
+    return {
+        "steady_cpu_ms_per_task": cpu * 1000 / tasks,
+        "steady_rate": tasks / (high - low),
+        "steady_cpu_cores": cpu / (high - low),
+    }
+
+
+def drain(args: argparse.Namespace) -> dict[str, Any]:
+    empty_tables()
+    enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TaskRecord._meta.db_table)}")
+    connection.close()  # the worker should not compete with an idle session
+    wall, cpu, sampler = run_worker(args)
+    rows = list(TaskRecord.objects.values_list("started_at", "finished_at", "worker_ids"))
+    done = TaskRecord.objects.filter(status="SUCCESSFUL").count()
+    if done != args.tasks or len(rows) != args.tasks:
+        raise RuntimeError(f"drain check failed: {done} of {args.tasks} successful")
+    first = min(row[0] for row in rows)
+    last = max(row[1] for row in rows)
+    result = {
+        "rate": args.tasks / (last - first).total_seconds(),
+        "rate_with_start": args.tasks / wall,
+        "worker_cpu_s": cpu,
+        "worker_cpu_ms_per_task": cpu * 1000 / args.tasks,
+    }
+    result.update(_startup(sampler, rows))
+    result.update(_steady(sampler, rows))
+    return result
+
+
+WORKLOADS = {"setup": setup, "single": single, "bulk": bulk, "drain": drain, "idle": idle}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="One A/B measurement of one checkout.")
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--manage", required=True, help="the checkout's testproject/manage.py")
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args()
+    print(json.dumps(WORKLOADS[args.workload](args)))
+
+
+if __name__ == "__main__":
+    main()
