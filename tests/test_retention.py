@@ -15,6 +15,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -232,6 +233,9 @@ def test_the_pruner_sweeps_each_kind_of_spent_row():
         backend_name="default", name="quiet", task_path="tests.tasks.add", every_seconds=86400
     )
     ScheduleOccurrence.objects.create(schedule=quiet, at=now - timedelta(days=400))
+    # Recorded at their time (a catch-up records old occurrences now: those stay).
+    ScheduleOccurrence.objects.update(created_at=F("at"))
+    caught_up = ScheduleOccurrence.objects.create(schedule=quiet, at=now - timedelta(days=300))
 
     pruner = _pruner(BATCH_SIZE=2)
     _sweep(pruner)
@@ -246,6 +250,7 @@ def test_the_pruner_sweeps_each_kind_of_spent_row():
     assert idle.key == "idle"
     kept = ScheduleOccurrence.objects.order_by("at").values_list("schedule__name", "at")
     assert [name for name, _ in kept] == ["quiet", "nightly"]
+    assert kept.filter(pk=caught_up.pk).exists()
     assert pruner.deleted["SUCCESSFUL tasks"] == 1
     assert pruner.deleted["breaker rows"] == 1
 

@@ -122,8 +122,9 @@ def delete_idle_breakers(database: str, backend_name: str, before: datetime, lim
 def old_occurrences(
     database: str, backend_name: str, before: datetime
 ) -> QuerySet[ScheduleOccurrence]:
-    """Occurrences of the backend's schedules from before ``before``, except each
-    schedule's latest (what the admin shows as its last run)."""
+    """Occurrences of the backend's schedules recorded before ``before``, except each
+    schedule's latest (what the admin shows as its last run). By when they were recorded,
+    not their time: a catch-up after an outage records last year's occurrences today."""
     latest = (
         ScheduleOccurrence.objects.using(database)
         .filter(schedule=OuterRef("schedule"))
@@ -132,7 +133,7 @@ def old_occurrences(
     )
     return (
         ScheduleOccurrence.objects.using(database)
-        .filter(schedule__backend_name=backend_name, at__lt=before)
+        .filter(schedule__backend_name=backend_name, created_at__lt=before)
         .exclude(pk=latest)
     )
 
