@@ -18,23 +18,13 @@ from django.utils.translation import gettext_lazy as _
 from ..models import ScheduleRecord
 from ..schedules import InvalidSchedule
 from ..schedules.declared import RUNTIME, Definition, default_timezone, validated
+from ..schedules.store import DEFINITION_FIELDS
 from ..schedules.timing import CATCH_UP_POLICIES, OVERLAP_POLICIES, Cron, Every, Spec, as_spec
 from .filters import configured_backends
 
 EDITABLE_FIELDS = (
     "name",
-    "backend_name",
-    "task_path",
-    "cron",
-    "every_seconds",
-    "timezone",
-    "args",
-    "kwargs",
-    "queue_name",
-    "priority",
-    "catch_up",
-    "catch_up_cap",
-    "overlap",
+    *(field for field in DEFINITION_FIELDS if field not in ("source", "enabled")),
     "paused",
 )
 """The fields an operator sets; the rest (next occurrence, last run) is the scheduler's."""
