@@ -2,7 +2,7 @@
 periodic session (a turn per batch), that deletes what the queue no longer needs.
 
 Every round (a third of the visibility timeout) it forgets the rows of dead workers.
-Every ``RETENTION["INTERVAL"]`` seconds, and right away when it becomes leader, it also
+Every ``RETENTION["INTERVAL"]`` seconds, and 5 s after it becomes leader, it also
 sweeps: finished tasks past their status's retention, lapsed dedup keys, idle circuit
 breaker rows, old schedule occurrences, and (with metrics on) per-minute metrics and
 flush keys past ``RETENTION_DAYS``. A sweep deletes ``BATCH_SIZE`` rows per transaction
@@ -100,6 +100,10 @@ def _finished_tasks(
     return batch
 
 
+FIRST_SWEEP_DELAY = 5.0
+"""Seconds from gaining leadership to the first sweep."""
+
+
 class Pruner(LoopService):
     """Leader only: forget dead workers every round, sweep spent rows every interval."""
 
@@ -133,7 +137,10 @@ class Pruner(LoopService):
         """Rows deleted per sweep since the service was built (for logs and tests)."""
 
     def start(self) -> None:
-        self._next_sweep = 0.0  # a new leader sweeps at once
+        # A new leader sweeps soon, not at once: a fleet redeployed every few minutes
+        # still prunes, and a starting worker's first seconds (registering, reaping,
+        # its first claims) do not share the database with a burst of deletes.
+        self._next_sweep = time.monotonic() + FIRST_SWEEP_DELAY
         super().start()
 
     def tick(self) -> None:
