@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction  # noqa: F401 (the postgres_only skipif reads connection)
 from django.utils import timezone
 
 from django_tasks_plus import cancel, discard, enqueue_many, events, redrive
