@@ -8,7 +8,7 @@ that names the key instead of surfacing as odd behaviour in production.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -183,6 +183,18 @@ def _fail(
     return InvalidBackendOptions(f"{where} {problem}")
 
 
+def unknown_key_problem(keys: Iterable[Any], known: Iterable[str]) -> str | None:
+    """What to say of the first of ``keys`` not in ``known`` (with the closest known key,
+    and all of them), or None when every key is known."""
+    names = list(known)
+    for key in keys:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            return f"has an unknown key {key!r}.{hint} Known keys: {', '.join(sorted(names))}."
+    return None
+
+
 def positive_seconds_problem(value: Any) -> str | None:
     """Why ``value`` is not a usable number of seconds, or None. Shared with ``runtasks``
     (and ``WorkerConfig.from_settings``), which check their flags with it."""
@@ -279,14 +291,8 @@ def parse_settings(alias: str, params: Mapping[str, Any]) -> BackendSettings:
         options = {}
     if not isinstance(options, Mapping):
         raise InvalidBackendOptions(f"TASKS[{alias!r}]['OPTIONS'] must be a dict, got {options!r}.")
-    for key in options:
-        if key not in _DEFAULTS:
-            close = difflib.get_close_matches(str(key), _DEFAULTS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise InvalidBackendOptions(
-                f"TASKS[{alias!r}]['OPTIONS'] has an unknown key {key!r}.{hint} "
-                f"Known keys: {', '.join(sorted(_DEFAULTS))}."
-            )
+    if problem := unknown_key_problem(options, _DEFAULTS):
+        raise InvalidBackendOptions(f"TASKS[{alias!r}]['OPTIONS'] {problem}")
     merged = {**_DEFAULTS, **options}
 
     database = merged["DATABASE"]
@@ -375,16 +381,8 @@ def metrics_settings(alias: str, value: Any) -> MetricsSettings:
     """Validate ``OPTIONS["METRICS"]``; also read on its own by ``metrics`` at startup."""
     if not isinstance(value, Mapping):
         raise _fail(alias, "METRICS", f"must be a dict, got {value!r}.")
-    for key in value:
-        if key not in _METRICS_DEFAULTS:
-            close = difflib.get_close_matches(str(key), _METRICS_DEFAULTS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise _fail(
-                alias,
-                "METRICS",
-                f"has an unknown key {key!r}.{hint} "
-                f"Known keys: {', '.join(sorted(_METRICS_DEFAULTS))}.",
-            )
+    if problem := unknown_key_problem(value, _METRICS_DEFAULTS):
+        raise _fail(alias, "METRICS", problem)
     merged = {**_METRICS_DEFAULTS, **value}
     enabled = merged["ENABLED"]
     if not isinstance(enabled, bool):
@@ -425,15 +423,8 @@ def retention_settings(alias: str, value: Any) -> RetentionSettings:
                 f"has {key!r}: {str(key).upper()} tasks have not finished and are never "
                 "pruned. Give a retention for SUCCESSFUL or FAILED tasks.",
             )
-        if key not in _RETENTION_DEFAULTS:
-            close = difflib.get_close_matches(str(key), _RETENTION_DEFAULTS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise _fail(
-                alias,
-                "RETENTION",
-                f"has an unknown key {key!r}.{hint} "
-                f"Known keys: {', '.join(sorted(_RETENTION_DEFAULTS))}.",
-            )
+        if problem := unknown_key_problem([key], _RETENTION_DEFAULTS):
+            raise _fail(alias, "RETENTION", problem)
     merged = {**_RETENTION_DEFAULTS, **value}
     ages: dict[str, timedelta | None] = {}
     for key in ("SUCCESSFUL", "FAILED", "BREAKERS", "SCHEDULE_OCCURRENCES"):
