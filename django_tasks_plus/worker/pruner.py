@@ -109,8 +109,9 @@ class Pruner(LoopService):
 
     name = "tasks-pruner"
     singleton = True
-    # As soon as this worker leads: a leader replaced more often than every interval (a
-    # fleet redeployed every few minutes) would otherwise never prune.
+    # Dead workers are forgotten as soon as this worker leads; the first sweep follows
+    # FIRST_SWEEP_DELAY later (``start``), so a leader replaced more often than every
+    # interval (a fleet redeployed every few minutes) still prunes.
     first_round_at_start = True
     # A sweep takes one turn on the shared periodic session per batch, so the heartbeat
     # and the other services get the session between batches.
