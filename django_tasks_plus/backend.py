@@ -389,7 +389,11 @@ class DatabaseBackend(compat.BaseTaskBackend):
         record = self._record(result_id)
         clear = run_keys()  # per-run metadata ends with the run
         if not redrive(
-            self.settings.database, str(record.pk), timezone.now(), clear_metadata=clear
+            self.settings.database,
+            str(record.pk),
+            timezone.now(),
+            clear_metadata=clear,
+            queue=record.queue_name,
         ):
             return False
         self._event_on_commit(events.TASK_REDRIVEN, record)
@@ -402,7 +406,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import run_now
 
         record = self._record(result_id)
-        return run_now(self.settings.database, str(record.pk), attempt=attempt)
+        return run_now(
+            self.settings.database, str(record.pk), attempt=attempt, queue=record.queue_name
+        )
 
     def delete(self, result_id: str) -> bool:
         """Delete a task that is not RUNNING (waiting or finished); False if it runs."""
@@ -416,7 +422,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import discard
 
         record = self._record(result_id)
-        if not discard(self.settings.database, str(record.pk)):
+        if not discard(self.settings.database, str(record.pk), queue=record.queue_name):
             return False
         self._event_on_commit(events.TASK_DISCARDED, record)
         return True

@@ -210,6 +210,11 @@ class Dialect(ABC):
         """Problems that stop this database from running the queue (empty if none)."""
         return []
 
+    def wake(self, connection: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
+        """Tell listening workers that tasks of ``queues`` became due (on commit, where
+        notifications are transactional); without notifications workers poll: nothing."""
+        return None
+
     # -- the driver's own view of a connection (attribute reads, never a query) ---------
 
     def driver_state(self, raw: Any) -> DriverState | None:

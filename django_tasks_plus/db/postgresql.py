@@ -197,6 +197,10 @@ class PostgreSQLDialect(Dialect):
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
         return WITHOUT_JSON_KEYS.format(column=column), [list(keys)]
 
+    def wake(self, connection: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(NOTIFY_QUEUES, [NOTIFY_CHANNEL, sorted(set(queues))])
+
     def insert_tasks(
         self,
         connection: BaseDatabaseWrapper,

@@ -209,28 +209,45 @@ NEW_RUN = {
 }
 
 
+def _woken(database: str, queue: str | None, changed: bool) -> bool:
+    """A task an operator made due now wakes the workers of its queue (a redrive seen
+    running at once, not at the next poll); returns ``changed``."""
+    if changed and queue is not None:
+        connection = connections[database]
+        dialect_for(connection).wake(connection, [queue])
+    return changed
+
+
 def redrive(
-    database: str, task_id: str, now: datetime, *, clear_metadata: Sequence[str] = ()
+    database: str,
+    task_id: str,
+    now: datetime,
+    *,
+    clear_metadata: Sequence[str] = (),
+    queue: str | None = None,
 ) -> bool:
     """Start a new run of a dead-lettered task: READY now, with the state of a run reset
     (``NEW_RUN``) and its history kept. Every redrive (API, admin, command) lands here.
 
     ``clear_metadata``: the metadata keys that live for one run (``metadata.run_keys()``),
-    removed in the same statement."""
+    removed in the same statement. ``queue``: the task's, whose workers are woken."""
     changes: dict[str, Any] = {}
     if clear_metadata:
         connection = connections[database]
         column = connection.ops.quote_name("metadata")
         expression, params = dialect_for(connection).without_json_keys(column, clear_metadata)
         changes["metadata"] = RawSQL(expression, params, output_field=JSONField())
-    return bool(
+    changed = (
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED)
         .update(**NEW_RUN, run_after=now, **changes)
     )
+    return _woken(database, queue, bool(changed))
 
 
-def run_now(database: str, task_id: str, *, attempt: int | None = None) -> bool:
+def run_now(
+    database: str, task_id: str, *, attempt: int | None = None, queue: str | None = None
+) -> bool:
     """Make a waiting READY task due now (by the database's clock): a retry, a scheduled
     task or one a breaker holds. Guarded in the statement: only while READY and not yet
     due, and (``attempt``) only in the wait the operator saw, so a worker that claimed it
@@ -243,7 +260,7 @@ def run_now(database: str, task_id: str, *, attempt: int | None = None) -> bool:
     )
     if attempt is not None:
         rows = rows.filter(attempt=attempt)
-    return bool(rows.update(run_after=now))
+    return _woken(database, queue, bool(rows.update(run_after=now)))
 
 
 # A task may be deleted unless a worker runs it (cancel it first): waiting, or finished.
@@ -260,10 +277,12 @@ def delete(database: str, task_id: str) -> bool:
     return bool(deleted)
 
 
-def discard(database: str, task_id: str) -> bool:
-    """Leave a dead-lettered task dead but stop it blocking its ordering key."""
-    return bool(
+def discard(database: str, task_id: str, *, queue: str | None = None) -> bool:
+    """Leave a dead-lettered task dead but stop it blocking its ordering key (the
+    key's next task may run now: ``queue``'s workers are woken)."""
+    changed = (
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED, ordering_blocked=True)
         .update(ordering_blocked=False)
     )
+    return _woken(database, queue, bool(changed))
