@@ -393,7 +393,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
             str(record.pk),
             timezone.now(),
             clear_metadata=clear,
-            queue=record.queue_name,
+            queue=self._wakes(record),
         ):
             return False
         self._event_on_commit(events.TASK_REDRIVEN, record)
@@ -407,7 +407,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
         record = self._record(result_id)
         return run_now(
-            self.settings.database, str(record.pk), attempt=attempt, queue=record.queue_name
+            self.settings.database, str(record.pk), attempt=attempt, queue=self._wakes(record)
         )
 
     def delete(self, result_id: str) -> bool:
@@ -422,10 +422,15 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import discard
 
         record = self._record(result_id)
-        if not discard(self.settings.database, str(record.pk), queue=record.queue_name):
+        if not discard(self.settings.database, str(record.pk), queue=self._wakes(record)):
             return False
         self._event_on_commit(events.TASK_DISCARDED, record)
         return True
+
+    def _wakes(self, record: Any) -> str | None:
+        """The queue whose workers an operation that makes ``record`` due wakes (none
+        with ``NOTIFY`` off: workers poll)."""
+        return record.queue_name if self.settings.notify else None
 
     def _event_on_commit(self, name: str, record: Any) -> None:
         """Emit an operation's event once its write commits (at once in autocommit)."""
