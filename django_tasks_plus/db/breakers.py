@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, F, Value
+from django.db.models import Case, Count, F, IntegerField, Q, Value, When
 from django.db.models.functions import Coalesce
 
 from ..compat import TaskResultStatus
@@ -221,3 +221,54 @@ def held_counts(database: str, backend_name: str, now: datetime) -> dict[str, in
         .annotate(count=Count("id"))
     )
     return {str(row["breaker_key"]): int(row["count"]) for row in rows}
+
+
+def state_counts(database: str, backend_name: str) -> list[tuple[str, str, int]]:
+    """``(breaker name, stored state, circuits)`` of the backend: one grouped read of the
+    breaker table (a row per key that ever failed; the task table is not read)."""
+    rows = (
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name)
+        .values("name", "state")
+        .annotate(count=Count("id"))
+        .order_by("name", "state")
+    )
+    return [(str(row["name"]), str(row["state"]), int(row["count"])) for row in rows]
+
+
+def leading_circuits(database: str, backend_name: str, limit: int) -> list[BreakerRecord]:
+    """At most ``limit`` stored circuits, those not closed first (the most recently
+    opened first), then the closed ones most recently changed: the circuits a scrape
+    names one by one when there are more than it may name."""
+    closed_last = Case(
+        When(state="closed", then=Value(1)), default=Value(0), output_field=IntegerField()
+    )
+    return list(
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name)
+        .order_by(
+            closed_last,
+            F("opened_at").desc(nulls_last=True),
+            F("updated_at").desc(),
+            "name",
+            "key",
+        )[:limit]
+    )
+
+
+def held_count(
+    database: str, backend_name: str, breaker_key: str, now: datetime, cap: int
+) -> tuple[int, bool]:
+    """Tasks the circuit ``breaker_key`` (``name/key``) holds back now, and whether the
+    count stopped at ``cap``. Reads at most ``cap + 1`` READY rows of the key (the
+    breaker index, ``dtp_task_breaker_idx``), whatever the rest of the table holds: an
+    open circuit's waiting tasks are all held, so its count is exact up to the cap; a
+    closed circuit with a backlog of more than ``cap`` due tasks counts the held ones
+    among the first ``cap + 1`` only (a closed circuit releases its tasks as it closes)."""
+    first = TaskRecord.objects.using(database).filter(
+        backend_name=backend_name, breaker_key=breaker_key, status=TaskResultStatus.READY
+    )[: cap + 1]
+    found = first.aggregate(
+        read=Count("pk"), held=Count("pk", filter=Q(held_since__isnull=False, run_after__gt=now))
+    )
+    return min(int(found["held"]), cap), int(found["read"]) > cap

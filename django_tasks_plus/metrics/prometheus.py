@@ -2,7 +2,8 @@
 
 A collector reads the database when scraped: the all-time counters and histograms per
 backend, queue and task (totals never go down: the leader prunes minutes, not totals),
-and the gauges of each queue and the workers, counted then.
+and the gauges of each queue, the workers and the circuit breakers, counted then
+(``breakers.py`` caps the circuits named one by one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .breakers import STATES, breaker_gauges
 from .catalog import (
     COUNTER_NAMES,
     COUNTERS,
@@ -74,7 +76,9 @@ class TasksCollector(Collector):
             "Registered workers, alive (recent heartbeat) or stale.",
             labels=["backend", "state"],
         )
+        circuits = _CircuitFamilies()
         for backend in self.backends:
+            circuits.add(backend)
             for (queue, task), numbers in sorted(all_time(backend).items()):
                 labels = [backend, queue, task]
                 for name, value in numbers["counters"].items():
@@ -101,6 +105,52 @@ class TasksCollector(Collector):
         yield from gauges.values()
         yield oldest
         yield alive
+        yield from circuits.families()
+
+
+class _CircuitFamilies:
+    """The breaker gauges: per circuit (at most ``breakers.CIRCUIT_SERIES`` per backend)
+    its state as one series per state (1 for the state it is in, as a Prometheus
+    state set), its held tasks and when it opened; per breaker and state, how many."""
+
+    def __init__(self) -> None:
+        labels = ["backend", "breaker", "key"]
+        self.state = GaugeMetricFamily(
+            f"{PREFIX}_breaker_state",
+            "1 for the state a circuit is in (closed, open, half-open), else 0.",
+            labels=[*labels, "state"],
+        )
+        self.held = GaugeMetricFamily(
+            f"{PREFIX}_breaker_held_tasks",
+            "READY tasks a circuit holds back (counted up to 10,000).",
+            labels=labels,
+        )
+        self.opened = GaugeMetricFamily(
+            f"{PREFIX}_breaker_opened_timestamp_seconds",
+            "When a circuit that is not closed opened (Unix time).",
+            labels=labels,
+        )
+        self.counts = GaugeMetricFamily(
+            f"{PREFIX}_breaker_circuits",
+            "Stored circuits per breaker and state, every one counted.",
+            labels=["backend", "breaker", "state"],
+        )
+
+    def add(self, backend: str) -> None:
+        found = breaker_gauges(backend)
+        for circuit in found.circuits:
+            labels = [backend, circuit.name, circuit.key]
+            for state in STATES:
+                self.state.add_metric([*labels, state], 1.0 if state == circuit.state else 0.0)
+            self.held.add_metric(labels, circuit.held)
+            if circuit.opened_at is not None:
+                self.opened.add_metric(labels, circuit.opened_at.timestamp())
+        for name in sorted({name for name, _state in found.counts}):
+            for state in STATES:
+                self.counts.add_metric([backend, name, state], found.counts.get((name, state), 0))
+
+    def families(self) -> Iterator[Metric]:
+        yield from (self.state, self.held, self.opened, self.counts)
 
 
 def render(backends: Sequence[str]) -> bytes:

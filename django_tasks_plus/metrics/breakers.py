@@ -1,0 +1,94 @@
+"""The circuit breakers as gauges, read when asked (the Prometheus endpoint's scrape):
+each circuit's state, the tasks it holds, when it opened, and how many circuits each
+breaker has in each state.
+
+A breaker key is often a remote host, so a backend may store thousands of circuits:
+one series per circuit would make the scrape as large. At most ``limit`` circuits are
+named one by one (those not closed first, the most recently opened first, then the
+closed ones most recently changed); the per-state counts cover every circuit, so an
+alert on "any circuit open" never misses one left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from .. import compat
+from ..breaker import CorruptCircuit, State, parse_circuit, scoped_key
+from ..db import breakers as store
+from ..db.waiting import COUNT_CAP
+from .queries import _settings
+
+# Circuits named one by one per backend and scrape, at most.
+CIRCUIT_SERIES = 100
+STATES: tuple[str, ...] = tuple(state.value for state in State)
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitGauge:
+    """One stored circuit now. A row that cannot be read works as closed, and reads so."""
+
+    name: str
+    key: str
+    state: str  # one of ``STATES``
+    held: int  # READY tasks it holds back (not yet due), at most ``COUNT_CAP``
+    held_capped: bool  # more may be held than ``held`` says
+    opened_at: datetime | None  # when it opened, while it is not closed
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerGauges:
+    """A backend's circuits: ``circuits`` named one by one (at most ``limit``), and
+    ``counts``: every stored circuit per ``(breaker name, state)``."""
+
+    circuits: list[CircuitGauge]
+    counts: dict[tuple[str, str], int]
+
+    @property
+    def stored(self) -> int:
+        return sum(self.counts.values())
+
+
+def _state(value: str) -> str:
+    """A stored state as it works: an unknown one (a corrupt row) is closed."""
+    return value if value in STATES else State.CLOSED.value
+
+
+def breaker_gauges(
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    *,
+    limit: int = CIRCUIT_SERIES,
+    cap: int = COUNT_CAP,
+    now: datetime | None = None,
+) -> BreakerGauges:
+    """The backend's circuits now: one grouped read of the breaker table, at most
+    ``limit`` circuit rows, and for each of those a held count reading at most
+    ``cap + 1`` of its key's READY rows."""
+    database = _settings(backend).database
+    now = now or store.database_now(database)
+    counts: dict[tuple[str, str], int] = {}
+    for name, state, count in store.state_counts(database, backend):
+        counts[(name, _state(state))] = counts.get((name, _state(state)), 0) + count
+    circuits = []
+    for row in store.leading_circuits(database, backend, limit):
+        try:
+            circuit = parse_circuit(*(getattr(row, column) for column in store.CIRCUIT_COLUMNS))
+            state, opened_at = circuit.state.value, circuit.opened_at
+        except CorruptCircuit:
+            state, opened_at = State.CLOSED.value, None
+        held, capped = store.held_count(database, backend, scoped_key(row.name, row.key), now, cap)
+        circuits.append(
+            CircuitGauge(
+                name=row.name,
+                key=row.key,
+                state=state,
+                held=held,
+                held_capped=capped,
+                opened_at=None if state == State.CLOSED.value else opened_at,
+            )
+        )
+    return BreakerGauges(circuits=circuits, counts=counts)
+
+
+__all__ = ["CIRCUIT_SERIES", "STATES", "BreakerGauges", "CircuitGauge", "breaker_gauges"]
