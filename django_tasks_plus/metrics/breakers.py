@@ -63,27 +63,31 @@ def breaker_gauges(
     now: datetime | None = None,
 ) -> BreakerGauges:
     """The backend's circuits now: one grouped read of the breaker table, at most
-    ``limit`` circuit rows, and for each of those a held count reading at most
-    ``cap + 1`` of its key's READY rows."""
+    ``limit`` circuit rows, and their held counts, each reading at most ``cap + 1`` of
+    its key's READY rows (one statement per ``db.breakers.HELD_BATCH`` circuits)."""
     database = _settings(backend).database
     now = now or store.database_now(database)
     counts: dict[tuple[str, str], int] = {}
     for name, state, count in store.state_counts(database, backend):
         counts[(name, _state(state))] = counts.get((name, _state(state)), 0) + count
+    rows = store.leading_circuits(database, backend, limit)
+    held = store.held_capped(
+        database, backend, [scoped_key(row.name, row.key) for row in rows], now, cap
+    )
     circuits = []
-    for row in store.leading_circuits(database, backend, limit):
+    for row in rows:
         try:
             circuit = parse_circuit(*(getattr(row, column) for column in store.CIRCUIT_COLUMNS))
             state, opened_at = circuit.state.value, circuit.opened_at
         except CorruptCircuit:
             state, opened_at = State.CLOSED.value, None
-        held, capped = store.held_count(database, backend, scoped_key(row.name, row.key), now, cap)
+        count, capped = held.get(scoped_key(row.name, row.key), (0, False))
         circuits.append(
             CircuitGauge(
                 name=row.name,
                 key=row.key,
                 state=state,
-                held=held,
+                held=count,
                 held_capped=capped,
                 opened_at=None if state == State.CLOSED.value else opened_at,
             )
