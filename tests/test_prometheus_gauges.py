@@ -14,6 +14,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from django_tasks_plus import metrics
 from django_tasks_plus.circuits import breaker_states, force_close, force_open
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.metrics.breakers import breaker_gauges
@@ -98,6 +99,19 @@ def test_an_open_circuit_and_its_held_tasks_read_so_and_a_closed_one_reads_0(run
     assert _values(samples, "breaker_opened_timestamp_seconds", **ops) == []
     assert _one(samples, "breaker_circuits", **counts, state="open") == 0
     assert _one(samples, "breaker_circuits", **counts, state="closed") == 2
+
+    # The counters per breaker name: no key (a series per host would stay forever), and
+    # no empty queue or task label. The worker flushed its parks at its stop.
+    metrics.flush()  # this process's force_open/close and release
+    samples = _scrape()
+    assert _one(samples, "breaker_transitions_total", **counts, new="open") == 2
+    assert _one(samples, "breaker_transitions_total", **counts, new="closed") == 2
+    assert _one(samples, "breaker_released_total", **counts) == 5
+    assert 1 <= _one(samples, "breaker_parked_total", **counts) <= 5
+    named = {P + f"breaker_{name}_total" for name in ("transitions", "released", "parked")}
+    for sample in samples:
+        if sample.name in named:
+            assert set(sample.labels) <= {"backend", "breaker", "new"}, sample
 
 
 def test_named_circuits_are_capped_the_open_first_and_the_counts_cover_every_one():

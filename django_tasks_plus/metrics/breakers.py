@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .. import compat
+from .. import compat, events
 from ..breaker import CorruptCircuit, State, parse_circuit, scoped_key
 from ..db import breakers as store
 from ..db.waiting import COUNT_CAP
+from .aggregate import register_counter
 from .queries import _settings
 
 # Circuits named one by one per backend and scrape, at most.
@@ -95,4 +96,42 @@ def breaker_gauges(
     return BreakerGauges(circuits=circuits, counts=counts)
 
 
-__all__ = ["CIRCUIT_SERIES", "STATES", "BreakerGauges", "CircuitGauge", "breaker_gauges"]
+def install_counters() -> None:
+    """The breakers' counters per breaker name, registered by ``AppConfig.ready``: state
+    changes (by the state entered), tasks parked, tasks released. Not per key: a counter
+    is stored per minute and all-time, never pruned, so a series per host would stay
+    forever; the gauges name the keys, capped."""
+    register_counter(
+        "breaker_transitions",
+        events.BREAKER_STATE_CHANGED,
+        help="Circuit state changes, by the state entered (new).",
+        labels=("breaker", "new"),
+        per_task=False,
+        builtin=True,
+    )
+    register_counter(
+        "breaker_parked",
+        events.BREAKER_PARKED,
+        help="Waiting tasks a circuit held back at once (parked).",
+        labels=("breaker",),
+        per_task=False,
+        builtin=True,
+    )
+    register_counter(
+        "breaker_released",
+        events.TASK_RELEASED,
+        help="Held tasks made due again as their circuit closed.",
+        labels=("breaker",),
+        per_task=False,
+        builtin=True,
+    )
+
+
+__all__ = [
+    "CIRCUIT_SERIES",
+    "STATES",
+    "BreakerGauges",
+    "CircuitGauge",
+    "breaker_gauges",
+    "install_counters",
+]

@@ -54,7 +54,9 @@ class TasksCollector(Collector):
         }
         features = {
             name: CounterMetricFamily(
-                f"{PREFIX}_{name}", counter.help, labels=[*LABELS, *counter.labels]
+                f"{PREFIX}_{name}",
+                counter.help,
+                labels=[*(LABELS if counter.per_task else ["backend"]), *counter.labels],
             )
             for name, counter in feature_counters().counters.items()
         }
@@ -79,6 +81,8 @@ class TasksCollector(Collector):
         circuits = _CircuitFamilies()
         for backend in self.backends:
             circuits.add(backend)
+            # A counter without queue and task: its rows' values added up per own labels.
+            untasked: dict[tuple[str, tuple[str, ...]], int] = {}
             for (queue, task), numbers in sorted(all_time(backend).items()):
                 labels = [backend, queue, task]
                 for name, value in numbers["counters"].items():
@@ -86,8 +90,13 @@ class TasksCollector(Collector):
                 for stored, value in numbers["features"].items():
                     name, own = split_stored_name(stored)
                     counter = feature_counters().counters[name]
-                    own_labels = [own.get(label, "") for label in counter.labels]
-                    features[name].add_metric([*labels, *own_labels], value)
+                    own_labels = tuple(own.get(label, "") for label in counter.labels)
+                    if counter.per_task:
+                        features[name].add_metric([*labels, *own_labels], value)
+                    else:
+                        untasked[(name, own_labels)] = untasked.get((name, own_labels), 0) + value
+            for (name, own_labels), value in sorted(untasked.items()):
+                features[name].add_metric([backend, *own_labels], value)
                 for kind in HISTOGRAM_NAMES:
                     found = numbers[kind]
                     histograms[kind].add_metric(labels, found.cumulative(), found.sum)
