@@ -1,6 +1,6 @@
-"""The circuit breakers as gauges, read when asked (the Prometheus endpoint's scrape):
-each circuit's state, the tasks it holds, when it opened, and how many circuits each
-breaker has in each state.
+"""The circuit breakers as metrics: gauges read when asked (the Prometheus endpoint's
+scrape), each circuit's state, the tasks it holds, when it opened, and how many circuits
+each breaker has in each state; and counters per breaker name (``install_counters``).
 
 A breaker key is often a remote host, so a backend may store thousands of circuits:
 one series per circuit would make the scrape as large. At most ``limit`` circuits are

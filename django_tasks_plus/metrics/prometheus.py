@@ -70,7 +70,7 @@ class TasksCollector(Collector):
         }
         oldest = GaugeMetricFamily(
             f"{PREFIX}_oldest_ready_age_seconds",
-            "How long the longest-waiting due READY task has waited.",
+            "How long the longest-waiting task that could run now (due, not blocked) has waited.",
             labels=["backend", "queue"],
         )
         alive = GaugeMetricFamily(
@@ -95,11 +95,11 @@ class TasksCollector(Collector):
                         features[name].add_metric([*labels, *own_labels], value)
                     else:
                         untasked[(name, own_labels)] = untasked.get((name, own_labels), 0) + value
-            for (name, own_labels), value in sorted(untasked.items()):
-                features[name].add_metric([backend, *own_labels], value)
                 for kind in HISTOGRAM_NAMES:
                     found = numbers[kind]
                     histograms[kind].add_metric(labels, found.cumulative(), found.sum)
+            for (name, own_labels), value in sorted(untasked.items()):
+                features[name].add_metric([backend, *own_labels], value)
             for gauge in queue_gauges(backend):
                 for name in GAUGES:
                     gauges[name].add_metric([backend, gauge.queue], getattr(gauge, name))
