@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -169,3 +171,35 @@ def test_the_oldest_ready_age_counts_only_a_task_that_could_run_now():
     TaskRecord.objects.filter(queue_name="emails", ordering_key__isnull=True).delete()
     samples = _scrape()
     assert _one(samples, "oldest_ready_age_seconds", **emails) == 0
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="EXPLAIN of PostgreSQL plans")
+def test_the_scrape_reads_of_held_tasks_and_the_oldest_age_walk_indexes():
+    """On 20,000 READY tasks, 5,000 of them held by an open circuit: the held count and
+    the oldest-runnable read EXPLAIN as index scans, never a sequential scan of tasks."""
+    force_open("big", name="hosts", create=True)
+    tasks.add.enqueue_many([((n, n), {}) for n in range(20_000)])
+    now = timezone.now()
+    held = TaskRecord.objects.order_by("id").values("pk")[:5_000]
+    TaskRecord.objects.filter(pk__in=held).update(
+        breaker_key="hosts/big", held_since=now, run_after=now + timedelta(minutes=5)
+    )
+    table = TaskRecord._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table}")
+    with CaptureQueriesContext(connection) as captured:
+        found = breaker_gauges(cap=10_000)
+        metrics.queue_gauges()
+    assert [(c.key, c.held, c.held_capped) for c in found.circuits] == [("big", 5_000, False)]
+    statements = [
+        q["sql"]
+        for q in captured.captured_queries
+        if "breaker_key = " in q["sql"] or "EXISTS" in q["sql"]
+    ]
+    assert len(statements) == 2, statements  # the held counts, the default queue's head
+    for sql in statements:
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert f"Seq Scan on {table}" not in plan, plan
+        assert "dtp_task_breaker_idx" in plan or "dtp_task_claim_idx" in plan, plan
