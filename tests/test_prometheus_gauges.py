@@ -20,7 +20,7 @@ from django_tasks_plus import metrics
 from django_tasks_plus.circuits import breaker_states, force_close, force_open
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.metrics.breakers import breaker_gauges
-from django_tasks_plus.models import TaskRecord
+from django_tasks_plus.models import BreakerRecord, TaskRecord
 from tests import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,16 +129,21 @@ def test_named_circuits_are_capped_the_open_first_and_the_counts_cover_every_one
             breaker_key="hosts/o3", held_since=now, run_after=now + timedelta(minutes=5)
         )
 
+    # A probe runs on o1 (half-open); c2's row is corrupt: it works, and reads, as closed.
+    BreakerRecord.objects.filter(key="o1").update(state="half-open", probe_task_id="t-1")
+    BreakerRecord.objects.filter(key="c2").update(state="bogus")
+
     found = breaker_gauges(limit=3, cap=4)
-    # The three open circuits, the most recently opened first; no closed one fits.
+    # The three circuits not closed, the most recently opened first; no closed one fits.
     assert [c.key for c in found.circuits] == ["o3", "o2", "o1"]
-    assert [c.state for c in found.circuits] == ["open"] * 3
+    assert [c.state for c in found.circuits] == ["open", "open", "half-open"]
+    assert found.circuits[2].opened_at is not None
     assert (found.circuits[0].held, found.circuits[0].held_capped) == (4, True)
     assert (found.circuits[1].held, found.circuits[1].held_capped) == (0, False)
-    assert found.counts == {("hosts", "open"): 3, ("hosts", "closed"): 2}
+    assert found.counts == {("hosts", "open"): 2, ("hosts", "half-open"): 1, ("hosts", "closed"): 2}
     assert found.stored == 5
     exact = breaker_gauges(cap=10)
-    assert [c.key for c in exact.circuits][3:] == ["c2", "c1"]  # closed ones after
+    assert [(c.key, c.state) for c in exact.circuits][3:] == [("c2", "closed"), ("c1", "closed")]
     assert (exact.circuits[0].held, exact.circuits[0].held_capped) == (7, False)
 
 
