@@ -87,6 +87,7 @@ class TasksPlusConfig(AppConfig):
         from .checks import register_checks
         from .circuits import breaker_middleware_for
         from .metrics import install
+        from .metrics.breakers import install_counters as install_breaker_counters
         from .schedules.feature import install as install_schedules
         from .worker.metrics_flusher import metrics_service_factory
         from .worker.pruner import pruner_factory
@@ -98,6 +99,7 @@ class TasksPlusConfig(AppConfig):
         extensions.service_factories.register(pruner_factory, builtin=True)
         register_checks()
         install_schedules()  # before install(): its counters are counted too
+        install_breaker_counters()
         # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).
         install()
         _flush_at_exit_once()  # what is left is written when the process exits

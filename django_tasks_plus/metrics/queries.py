@@ -47,7 +47,7 @@ class QueueGauge:
     scheduled: int
     running: int
     dead: int
-    oldest_ready_age: float | None  # seconds the longest-waiting due task has waited
+    oldest_ready_age: float | None  # seconds the longest-waiting runnable task has waited
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,9 @@ def _since(since: Since, now: datetime) -> datetime:
 def queue_gauges(
     backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS, *, now: datetime | None = None
 ) -> list[QueueGauge]:
-    """Per queue (the configured ones first, then any other with tasks): counts now."""
+    """Per queue (the configured ones first, then any other with tasks): counts now.
+    ``oldest_ready_age`` counts only a task that could run now: due, and not blocked
+    by its ordering key (``db/waiting.oldest_runnable``, a bounded read per level)."""
     settings = _settings(backend)
     now = now or timezone.now()
     found: dict[str, dict[str, Any]] = {
@@ -143,7 +145,10 @@ def queue_gauges(
         if status == "READY":
             entry["ready"] = row["count"] - row["scheduled"]
             entry["scheduled"] = row["scheduled"]
-            entry["oldest"] = row["oldest_due"]
+            if entry["ready"]:
+                entry["oldest"], _exact = waiting_store.oldest_runnable(
+                    settings.database, backend, row["queue_name"], now
+                )
         elif status == "RUNNING":
             entry["running"] = row["count"]
         else:
