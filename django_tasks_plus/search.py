@@ -18,6 +18,7 @@ terms into a query), and every refusal is a ``BadSearch`` saying what to write i
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +27,8 @@ from typing import Any
 from .selection import BadFilter, id_prefix
 
 MAX_TERMS = 10  # each term is one more condition on a large table
+MAX_DEPTH = 20  # a value's nesting: SQLite's JSON functions refuse deep ones
+_INT64 = -(2**63)
 _KIND = re.compile(r"^([A-Za-z_]+):(.*)$", re.DOTALL)
 _NAME = re.compile(r"^[^=\s\"]+$")
 
@@ -95,12 +98,36 @@ def split_terms(text: str) -> list[str]:
     return terms
 
 
+def _storable(term: str, value: Any, depth: int = 0) -> Any:
+    """``value`` if a stored argument could equal it: no NUL (neither database stores
+    one in text), no number beyond 64 bits or infinite (SQLite's limit, and ``1e400``),
+    nested at most ``MAX_DEPTH`` deep."""
+    if isinstance(value, str) and "\x00" in value:
+        raise BadSearch("A search term holds a NUL character, which no stored task holds.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadSearch(f"{term}: the number is too large.")
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64 <= value < -_INT64:
+        raise BadSearch(f"{term}: the number is beyond 64 bits, which the search cannot match.")
+    if isinstance(value, dict | list) and depth >= MAX_DEPTH:
+        raise BadSearch(f"{term}: the value is nested more than {MAX_DEPTH} deep.")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _storable(term, key, depth + 1)
+            _storable(term, item, depth + 1)
+    if isinstance(value, list):
+        for item in value:
+            _storable(term, item, depth + 1)
+    return value
+
+
 def _json(term: str, text: str) -> Any:
     def refuse(constant: str) -> Any:
         raise ValueError(constant)
 
     try:
-        return json.loads(text, parse_constant=refuse)
+        value = json.loads(text, parse_constant=refuse)
+    except RecursionError:
+        raise BadSearch(f"{term}: the value is nested more than {MAX_DEPTH} deep.") from None
     except ValueError:
         if text[:1] in ('"', "[", "{"):
             raise BadSearch(
@@ -110,6 +137,7 @@ def _json(term: str, text: str) -> Any:
             f"{term}: {text!r} is not a JSON value; write text in double quotes "
             f'("{text.strip(chr(34))}"), or a number, true, false or null.'
         ) from None
+    return _storable(term, value)
 
 
 def _text(term: str, text: str, what: str) -> str:
@@ -135,6 +163,7 @@ def _keyed(term: str, kind: Kind, rest: str, what: str) -> Term:
 
 def parse_term(term: str) -> Term:
     """One term, as ``split_terms`` cut it."""
+    _storable(term, term)
     try:
         return Term(Kind.ID, id_prefix(term))  # a plain id (its hyphens, urn:uuid: too)
     except BadFilter:

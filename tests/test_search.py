@@ -80,6 +80,13 @@ BAD_TERMS = {
     "id:xyz12345": "'xyz12345' is not a task id",
     'task:"open': "a double quote is not closed.",
     " ".join(["mail"] * 11): "11 search terms: give at most 10.",
+    "task:a\x00b": "A search term holds a NUL character",
+    'arg:"\\u0000"': "A search term holds a NUL character",
+    'meta:k={"\\u0000": 1}': "A search term holds a NUL character",
+    "arg:1e400": "the number is too large.",
+    f"arg:{2**63}": "the number is beyond 64 bits",
+    "arg:" + "[" * 21 + "]" * 21: "nested more than 20 deep.",
+    "arg:" + "[" * 5000 + "]" * 5000: "nested more than 20 deep.",
 }
 
 
@@ -197,6 +204,9 @@ def test_a_bad_search_is_the_lists_400_page_never_every_row(admin_client, page):
     status, text = listed(admin_client, page, "owner:bob")
     assert status == 400
     assert escape("owner: is not a search term") in text
+    # Values no database could store answer the same page, never a database error (500).
+    for bad in ("task:a\x00b", 'arg:"\\u0000"', f"arg:{2**64}", "arg:1e999"):
+        assert listed(admin_client, page, bad)[0] == 400, bad
 
 
 def test_all_matching_acts_on_what_the_search_finds(admin_client):
