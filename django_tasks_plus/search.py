@@ -100,10 +100,15 @@ def split_terms(text: str) -> list[str]:
 
 def _storable(term: str, value: Any, depth: int = 0) -> Any:
     """``value`` if a stored argument could equal it: no NUL (neither database stores
-    one in text), no number beyond 64 bits or infinite (SQLite's limit, and ``1e400``),
-    nested at most ``MAX_DEPTH`` deep."""
+    one in text) or lone surrogate, no number beyond 64 bits (SQLite's limit) or infinite
+    (``1e400``), nested at most ``MAX_DEPTH`` deep."""
     if isinstance(value, str) and "\x00" in value:
         raise BadSearch("A search term holds a NUL character, which no stored task holds.")
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800"), as codec.py refuses
+            raise BadSearch(f"{term!a}: holds text that is not valid Unicode.") from None
     if isinstance(value, float) and not math.isfinite(value):
         raise BadSearch(f"{term}: the number is too large.")
     if isinstance(value, int) and not isinstance(value, bool) and not _INT64 <= value < -_INT64:

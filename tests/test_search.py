@@ -83,6 +83,7 @@ BAD_TERMS = {
     "task:a\x00b": "A search term holds a NUL character",
     'arg:"\\u0000"': "A search term holds a NUL character",
     'meta:k={"\\u0000": 1}': "A search term holds a NUL character",
+    'arg:"\\ud800"': "holds text that is not valid Unicode.",
     "arg:1e400": "the number is too large.",
     f"arg:{2**63}": "the number is beyond 64 bits",
     "arg:" + "[" * 21 + "]" * 21: "nested more than 20 deep.",
@@ -136,6 +137,13 @@ def test_each_term_finds_its_rows_and_no_others():
     assert found("task:tests.tasks.add") == {c}
     assert found(f"{str(a)[:8]} arg:42") == {a}
     assert found(f'{b} meta:tenant="acme"') == set()  # every term must match
+
+
+def test_a_tagged_argument_is_found_by_its_stored_form():
+    wanted = uuid.uuid4()
+    task = tasks.echo.enqueue(wanted).id
+    tasks.echo.enqueue(str(wanted))
+    assert found(f'arg:{{"__dtp__": "uuid", "v": "{wanted}"}}') == {task}
 
 
 def test_dedup_search_finds_the_tasks_holding_the_key():
@@ -205,7 +213,7 @@ def test_a_bad_search_is_the_lists_400_page_never_every_row(admin_client, page):
     assert status == 400
     assert escape("owner: is not a search term") in text
     # Values no database could store answer the same page, never a database error (500).
-    for bad in ("task:a\x00b", 'arg:"\\u0000"', f"arg:{2**64}", "arg:1e999"):
+    for bad in ("task:a\x00b", 'arg:"\\u0000"', 'arg:"\\udfff"', f"arg:{2**64}", "arg:1e999"):
         assert listed(admin_client, page, bad)[0] == 400, bad
 
 
