@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from .compat import TaskResultStatus
+from .db.json_search import JsonContains
 from .models import TaskRecord
 from .stored import error_list
 
@@ -129,8 +130,6 @@ def with_search(rows: QuerySet[TaskRecord], terms: Iterable[Term]) -> QuerySet[T
     """``rows`` matching every search term (``search.parse_search``): an id prefix walks
     the primary key; ``arg:``, ``kwarg:`` and ``meta:`` are JSON containment
     (``db/json_search.py``); ``dedup:`` is the task's dedup key; text is in the task path."""
-    from .db.json_search import JsonContains
-
     columns = {"arg": "args", "kwarg": "kwargs", "meta": "metadata"}
     for term in terms:
         if term.kind == "id":
