@@ -478,6 +478,8 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
         (f"{tasks_url}overview/", "Tasks overview", ROW_MAX_PX),
         (tasks_url, None, ROW_MAX_PX),
         (f"{tasks_url}?status__exact=READY", None, ROW_MAX_PX),
+        # The search box holding JSON terms, its help text under it (docs/admin.md#search).
+        (f"{tasks_url}?q=kwarg%3Auser_id%3D42+meta%3Atenant%3D%22acme%22", None, ROW_MAX_PX),
         (f"{tasks_url}dead-letters/", "Dead letters", DEAD_ROW_MAX_PX),
         (f"{tasks_url}dead-letters/redrive-matching/", "Are you sure?", ROW_MAX_PX),
         (f"{tasks_url}?queue=nowhere&bogus=1", None, ROW_MAX_PX),

@@ -239,6 +239,15 @@ class Dialect(ABC):
     locked (where the database can; the pruner then never waits for a redrive)."""
     json_param: str = "%s"
     """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
+    has_search_indexes: bool = False
+    """Whether ``manage.py searchindex`` can build GIN indexes for JSON containment
+    (``db/search_index.py``); elsewhere the admin's JSON search reads the rows."""
+
+    def json_contains(self, column: str, key: str | None, value: Any) -> tuple[str, list[Any]]:
+        """SQL (and its parameters) true when the JSON in ``column`` holds ``value``: as
+        an element of the array (``key`` None), else under ``key`` of the object. The
+        admin's ``arg:``, ``kwarg:`` and ``meta:`` searches (``db/json_search.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot search JSON")
 
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
         """SQL (and its parameters) for the JSON object in ``column`` with ``keys``
