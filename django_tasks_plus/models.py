@@ -312,7 +312,8 @@ class MetricRecord(models.Model):
 
     Workers add to these rows in one upsert per flush, never one write per task. The row
     whose ``minute`` is the epoch (``metrics.catalog.ALL_TIME``) holds the all-time total
-    that the Prometheus endpoint serves; the leader deletes minutes past the retention.
+    that the Prometheus endpoint serves; the leader moves minutes past the retention into
+    their hours' rows (``MetricHour``).
     """
 
     backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)

@@ -139,9 +139,9 @@ def build(
         "schedules": schedule_counts(backend),
         "schedules_url": reverse(f"{site}:django_tasks_plus_schedulerecord_changelist")
         + ("?" + urlencode({"backend_name": backend}) if filter_backend else ""),
-        "metrics_enabled": backend in enabled_targets(),
     }
     target = enabled_targets().get(backend)
+    context["metrics_enabled"] = target is not None
     if target is None:
         return context
     windows = [
