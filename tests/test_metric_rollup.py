@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from django_tasks_plus import metrics
@@ -32,6 +33,7 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DB, BACKEND = "default", "default"
+OVERVIEW = "admin:django_tasks_plus_taskrecord_overview"
 NAMES = ("succeeded", "attempt_failed", BUCKET_NAMES["run"][3], sum_name("run"))
 
 
@@ -249,9 +251,10 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def test_a_week_s_chart_reads_hours_past_the_day_not_every_minute():
+def test_a_week_s_chart_reads_hours_past_the_day_not_every_minute(admin_client):
     """A week of one queue's and task's per-minute counts (10,080 minutes a series):
-    rolled up, the week's chart reads at most 7 * 24 + 24 * 60 rows a series."""
+    rolled up, the week's chart reads at most 7 * 24 + 24 * 60 rows a series, and the
+    whole overview at ``?range=7d`` no minute older than a day."""
     now = timezone.now()
     start = _minute(now) - timedelta(days=7, hours=2)
     rows = [
@@ -287,3 +290,16 @@ def test_a_week_s_chart_reads_hours_past_the_day_not_every_minute():
         scanned = _rows_scanned(captured.captured_queries)
         assert sum(scanned.values()) <= 2 * per_series, scanned
         print(f"\nweek chart, rows scanned: before rollup {everything}, after {scanned}")
+
+    # The page: the week's charts, and the throughput table's last hour and day.
+    with CaptureQueriesContext(connection) as captured:
+        page = admin_client.get(reverse(OVERVIEW) + "?range=7d")
+    assert page.status_code == 200
+    assert f"succeeded {sum(rolled['succeeded'])}, failed" in page.content.decode()
+    reads = [q["sql"] for q in captured.captured_queries if "metric" in q["sql"]]
+    assert reads and all('"minute" >= ' in sql for sql in reads)  # no read of all minutes
+    if connection.vendor == "postgresql":
+        scanned = _rows_scanned(captured.captured_queries)
+        # Chart: 2 series; table: the last day (2 series) and the last hour.
+        assert sum(scanned.values()) <= 2 * per_series + 2 * (24 * 60 + 60), scanned
+        print(f"overview ?range=7d, rows scanned after rollup: {scanned}")
