@@ -312,7 +312,8 @@ class MetricRecord(models.Model):
 
     Workers add to these rows in one upsert per flush, never one write per task. The row
     whose ``minute`` is the epoch (``metrics.catalog.ALL_TIME``) holds the all-time total
-    that the Prometheus endpoint serves; the leader deletes minutes past the retention.
+    that the Prometheus endpoint serves; the leader moves minutes past the retention into
+    their hours' rows (``MetricHour``).
     """
 
     backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
@@ -335,6 +336,38 @@ class MetricRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.queue_name} {self.task_path} {self.name}"
+
+
+class MetricHour(models.Model):
+    """One number of one clock hour (UTC): the sum of that hour's per-minute rows once
+    they are older than ``METRICS["RETENTION_DAYS"]`` (``db/metrics.py``,
+    ``roll_up_minutes``).
+
+    The leader's pruner moves minutes here in one transaction per batch (their sum added,
+    the minutes deleted), so a count is in exactly one of the two tables at any time; the
+    metrics reads add both. Kept ``METRICS["HOURLY_RETENTION_DAYS"]``.
+    """
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    hour = models.DateTimeField(_("hour"))
+    queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
+    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
+    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
+    value = models.BigIntegerField(_("value"), default=0)
+
+    class Meta:
+        verbose_name = _("hourly metric")
+        verbose_name_plural = _("hourly metrics")
+        constraints = [
+            # The rollup's upsert target; also serves reads of a window of hours.
+            models.UniqueConstraint(
+                fields=["backend_name", "hour", "queue_name", "task_path", "name"],
+                name="dtp_metric_unique_hour",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.queue_name} {self.task_path} {self.name}"
 
 
 class MetricFlush(models.Model):

@@ -172,22 +172,22 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     assert page.locator(".dtp-overview-link a").inner_text() == "Overview"
     page.screenshot(path=shots / "admin-app-index.png")
 
-    # The overview: numbers, and four charts actually laid out with bars drawn.
+    # The overview: numbers, and three charts actually laid out with bars drawn.
     page.click(".dtp-overview-link a")
     page.wait_for_selector("#dtp-queues")
     assert page.title().startswith("Tasks overview")
     charts = page.locator("svg.dtp-chart")
-    assert charts.count() == 4
-    for index in range(4):
+    assert charts.count() == 3
+    for index in range(3):
         box = charts.nth(index).bounding_box()
         assert box is not None and box["width"] > 300 and box["height"] > 80, box
-    bars = page.locator("#dtp-chart-hour rect.dtp-chart-ok")
+    bars = page.locator("#dtp-chart-throughput rect.dtp-chart-ok")
     assert bars.count() >= 59
     tallest = max(bars.nth(i).bounding_box()["height"] for i in range(bars.count()))
     assert tallest > 20
-    assert page.locator("#dtp-chart-hour rect.dtp-chart-failed").count() > 0
+    assert page.locator("#dtp-chart-throughput rect.dtp-chart-failed").count() > 0
     assert page.locator("#dtp-chart-run rect.dtp-chart-primary").first.bounding_box()
-    unit = page.locator("#dtp-chart-hour text.dtp-chart-unit")
+    unit = page.locator("#dtp-chart-throughput text.dtp-chart-unit")
     assert unit.text_content() == "attempts / minute"
     assert "open" in page.locator("#dtp-breakers").inner_text()
     page.screenshot(path=shots / "admin-overview.png", full_page=True)
@@ -476,6 +476,8 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
     pages: list[tuple[str, str | None, float]] = [
         (ADMIN, None, ROW_MAX_PX),
         (f"{tasks_url}overview/", "Tasks overview", ROW_MAX_PX),
+        # The week's chart: 84 bars labelled with weekday and time, one queue chosen.
+        (f"{tasks_url}overview/?range=7d&queue=default", "Tasks overview", ROW_MAX_PX),
         (tasks_url, None, ROW_MAX_PX),
         (f"{tasks_url}?status__exact=READY", None, ROW_MAX_PX),
         # The search box holding JSON terms, its help text under it (docs/admin.md#search).

@@ -1,7 +1,8 @@
 """The read API that the admin overview, ``taskstats`` and the Prometheus endpoint share.
 
 Counters and histograms come from the per-minute table (fleet-wide: every worker and
-web process flushes there); gauges and workers are counted from the task and worker
+web process flushes there) and, for minutes older than ``METRICS["RETENTION_DAYS"]``,
+the hourly rows they were summed into; gauges and workers are counted from the task and worker
 tables when asked, never stored. Every function takes the ``TASKS`` alias; a window's
 ``since`` is a datetime or a timedelta back from now, and whole minutes are read (the
 current minute is partial, and a process's latest counts arrive with its next flush).
@@ -33,6 +34,7 @@ from .catalog import (
     split_stored_name,
     sum_name,
 )
+from .ranges import Window, add_up
 
 Since = datetime | timedelta
 
@@ -298,14 +300,41 @@ def rate_series(
         queue=queue,
         task_path=task_path,
     )
-    width = timedelta(seconds=step)
-    count = max(1, int((now - start) // width) + 1)
-    points = [0] * count
-    for row in rows:
-        index = int((row["minute"] - start) // width)
-        if 0 <= index < count:
-            points[index] += int(row["total"])
-    return [(start + i * width, value) for i, value in enumerate(points)]
+    count = max(1, int((now - start) // timedelta(seconds=step)) + 1)
+    bars = Window(start, step, count)
+    points = add_up(((row["minute"], int(row["total"])) for row in rows), bars)
+    return list(zip(bars.starts(), points, strict=True))
+
+
+def series(
+    backend: str,
+    names: Sequence[str],
+    bars: Window,
+    *,
+    queue: str | None = None,
+    task_path: str | None = None,
+) -> dict[str, list[int]]:
+    """Each counter in ``names`` per bar of ``bars`` (``ranges.window``), in one read of
+    the window's minutes and hourly rows: a chart's layers."""
+    unknown = [name for name in names if name not in COUNTER_NAMES]
+    if unknown:
+        raise ValueError(f"Unknown counter {unknown[0]!r}; one of: {', '.join(COUNTER_NAMES)}.")
+    settings = _settings(backend)
+    rows = store.sums(
+        settings.database,
+        backend,
+        since=bars.start,
+        names=names,
+        group_by=("minute", "name"),
+        queue=queue,
+        task_path=task_path,
+    )
+    return {
+        name: add_up(
+            ((row["minute"], int(row["total"])) for row in rows if row["name"] == name), bars
+        )
+        for name in names
+    }
 
 
 def histogram(
@@ -418,6 +447,7 @@ __all__ = [
     "queue_gauges",
     "queue_waiting",
     "rate_series",
+    "series",
     "totals",
     "workers",
 ]
