@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the test matrix of tox.ini, one environment after another, and print a summary.
+# Run the test matrix of tox.ini (one environment after another, or TEST_JOBS side by side)
+# and print a summary.
 # tox.ini owns the combinations (Python, Django, extras, databases, environment
 # variables); this script does only what tox cannot:
 #   - install tox (into .venv-tox; needs only Python and git),
