@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import signal
+from datetime import timedelta
 
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db.leadership import current_leader
@@ -144,3 +146,27 @@ def test_exactly_one_of_two_workers_is_shown_leading_and_the_other_takes_over(
     assert procs[leader].wait(timeout=60) == 0
     wait_for(lambda: _leaders() == {follower}, timeout=60, interval=0.1)
     assert "LEADER" in _field(_page(admin_client, follower), "leader")
+
+
+def test_a_silent_leader_is_shown_as_of_its_last_heartbeat(admin_client):
+    """A state a test cannot wait for cheaply: a leader's row, silent for ten minutes."""
+    now = timezone.now()
+    WorkerRecord.objects.create(
+        worker_id="gone-leader",
+        backend_name="default",
+        hostname="h",
+        pid=1,
+        queues=[],
+        concurrency=2,
+        started_at=now - timedelta(hours=3),
+        last_heartbeat_at=now - timedelta(minutes=10),
+        leader_since=now - timedelta(hours=2),
+        tasks_processed=12345,
+    )
+    page = _page(admin_client, "gone-leader")
+    assert "STALE" in _field(page, "liveness")
+    leader = _field(page, "leader")
+    assert "LEADER" in leader and "as of its last heartbeat" in leader and "2 h ago" in leader
+    assert _field(page, "version_shown").strip() == "unknown"
+    assert _field(page, "processed").strip() == "12,345"
+    assert _field(page, "uptime").strip() == "2 h 50 min (until its last heartbeat)"

@@ -21,6 +21,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.formats import number_format
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
@@ -160,8 +161,8 @@ class WorkerRecordAdmin(ReadOnlyAdmin):
             html.moment(worker.leader_since, now),
         )
         if display.is_stale(worker.last_heartbeat_at, now, worker.visibility_timeout):
-            note = _("at its last heartbeat; another worker leads once its lock or lease ends")
-            return format_html('{}<br><span class="dtp-note">{}</span>', shown, note)
+            note = _("as of its last heartbeat (it went silent)")
+            return format_html('{}<br><span class="dtp-note dtp-wrap">{}</span>', shown, note)
         return shown
 
     @admin.display(description=_("version"))
@@ -170,15 +171,20 @@ class WorkerRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("uptime"))
     def uptime(self, worker: WorkerRecord) -> Any:
-        return display.between(worker.started_at, self._now(worker)) or html.EMPTY
+        """Up to now by the database's clock; a silent worker's up to its last beat."""
+        now = self._now(worker)
+        if display.is_stale(worker.last_heartbeat_at, now, worker.visibility_timeout):
+            shown = display.between(worker.started_at, worker.last_heartbeat_at)
+            return format_html("{} ({})", shown, _("until its last heartbeat"))
+        return display.between(worker.started_at, now) or html.EMPTY
 
     @admin.display(description=_("processed"), ordering="tasks_processed")
     def processed(self, worker: WorkerRecord) -> Any:
-        return str(worker.tasks_processed)
+        return number_format(worker.tasks_processed, force_grouping=True)
 
     @admin.display(description=_("failed"), ordering="tasks_failed")
     def failed(self, worker: WorkerRecord) -> Any:
-        return str(worker.tasks_failed)
+        return number_format(worker.tasks_failed, force_grouping=True)
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerRecord) -> Any:
