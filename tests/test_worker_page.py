@@ -170,3 +170,40 @@ def test_a_silent_leader_is_shown_as_of_its_last_heartbeat(admin_client):
     assert _field(page, "version_shown").strip() == "unknown"
     assert _field(page, "processed").strip() == "12,345"
     assert _field(page, "uptime").strip() == "2 h 50 min (until its last heartbeat)"
+
+
+def test_the_heartbeat_writes_the_counts_and_leadership_in_its_one_update():
+    """No statement of their own: the row's one UPDATE per beat carries them."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_tasks_plus.compat import task_backends
+    from django_tasks_plus.db.store import WorkerStatus
+    from django_tasks_plus.worker.heartbeat import Heartbeat
+
+    now = timezone.now()
+    WorkerRecord.objects.create(
+        worker_id="beating", backend_name="default", hostname="h", pid=1, queues=[],
+        concurrency=1, started_at=now, last_heartbeat_at=now,
+    )  # fmt: skip
+    heartbeat = Heartbeat(
+        task_backends["default"],
+        worker_id="beating",
+        register=lambda at: pytest.fail("the row exists: nothing to register"),
+        leases=list,
+        on_lost=lambda lost: None,
+        clock=timezone.now,
+        visibility_timeout=30,
+        status=lambda: WorkerStatus(tasks_processed=5, tasks_failed=2, leader_since=now),
+    )
+    with CaptureQueriesContext(connection) as queries:
+        heartbeat.beat()
+    connection.close()  # the beat bounded this session's statements as a worker's
+    table = WorkerRecord._meta.db_table
+    writes = [q["sql"] for q in queries if table in q["sql"] and not q["sql"].startswith("SELECT")]
+    assert len(writes) == 1 and writes[0].startswith("UPDATE")
+    assert all(
+        column in writes[0] for column in ("tasks_processed", "tasks_failed", "leader_since")
+    )
+    row = WorkerRecord.objects.get(worker_id="beating")
+    assert (row.tasks_processed, row.tasks_failed, row.leader_since) == (5, 2, now)
