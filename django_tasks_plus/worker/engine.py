@@ -82,9 +82,6 @@ def installed_version() -> str:
         return ""
 
 
-PACKAGE_VERSION = installed_version()
-
-
 def adaptive_prefetch(concurrency: int, floor: int, run_seconds: float | None) -> int:
     """How many tasks to hold beyond the threads, given the average run time so far.
 
@@ -133,6 +130,7 @@ class Worker:
         self.claim_session = SharedSession(self.database, "claim loop and outcome writer")
         self.periodic_session = SharedSession(self.database, "periodic services")
         self.tally = OutcomeTally()  # this process's processed and failed attempts
+        self.version = installed_version()  # for its row
         self.reporter = Reporter(
             self.database,
             persist_deadline=config.visibility_timeout,
@@ -233,7 +231,7 @@ class Worker:
                 concurrency=self.config.concurrency,
                 visibility_timeout=self.config.visibility_timeout,
                 started_at=self.started_at or now,
-                version=PACKAGE_VERSION,
+                version=self.version,
             ),
             now,
             self._status(),
