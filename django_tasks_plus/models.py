@@ -220,7 +220,8 @@ class WorkerRecord(models.Model):
     ``visibility_timeout`` is the worker's own (``--visibility-timeout`` may differ from
     the backend's and from other workers'): it beats every third of it, so its silence is
     judged by it (alive or stale, and when the leader may delete the row). A worker whose
-    row was deleted all the same inserts it again on its next heartbeat.
+    row was deleted all the same inserts it again on its next heartbeat. The counters and
+    ``leader_since`` are as of the last heartbeat.
     """
 
     worker_id = models.CharField(_("worker id"), max_length=WORKER_ID_MAX_LENGTH, primary_key=True)
@@ -236,6 +237,34 @@ class WorkerRecord(models.Model):
         default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
         db_default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
         help_text=_("Seconds; the worker's heartbeat comes every third of it."),
+    )
+    # Written at registration (version) and by each heartbeat, in the UPDATE that touches
+    # last_heartbeat_at: no write of their own. db_default keeps adding them cheap.
+    version = models.CharField(
+        _("version"),
+        max_length=40,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("The django-tasks-plus version the worker runs; empty if unknown."),
+    )
+    tasks_processed = models.PositiveBigIntegerField(
+        _("processed"),
+        default=0,
+        db_default=0,
+        help_text=_("Attempts this worker finished since it started: succeeded or failed."),
+    )
+    tasks_failed = models.PositiveBigIntegerField(
+        _("failed"),
+        default=0,
+        db_default=0,
+        help_text=_("Of those, the attempts that failed (retry scheduled or dead-lettered)."),
+    )
+    leader_since = models.DateTimeField(
+        _("leader since"),
+        null=True,
+        blank=True,
+        help_text=_("When it became the leader of its backend; empty while a follower."),
     )
 
     class Meta:

@@ -401,6 +401,21 @@ def page_specific_problems(page: Any, path: str, width: int) -> list[str]:
         status = page.locator("#result_list td.field-last_run .dtp-badge")
         if status.count() != 1 or not status.is_visible():
             problems.append("the last run's status is not shown")
+    if "/workerrecord/web-1" in path:
+        # The live worker's page: its running task in the in-flight table, linked, on
+        # screen (the table scrolls in its own box, never the page).
+        link = page.locator(".dtp-in-flight a.dtp-id")
+        box = link.bounding_box() if link.count() == 1 else None
+        if box is None or box["x"] < 0 or box["x"] + box["width"] > width:
+            problems.append(f"the task in flight is not linked on screen: {box}")
+    if "/workerrecord/web-" in path:
+        # Both seeded workers led at their last heartbeat; the note under a silent
+        # one's badge wraps inside the field rather than running off it.
+        field = page.locator(".field-leader .readonly")
+        if "LEADER" not in field.inner_text():
+            problems.append("the leader is not shown as such")
+        if field.evaluate("el => el.scrollWidth > el.clientWidth + 1"):
+            problems.append("the leader field's text runs past its box")
     if path.endswith("overview/"):
         card = page.locator("#dtp-schedules-card").inner_text()
         if "1 + 1 paused" not in card:
@@ -440,7 +455,12 @@ def seed_every_state(run_worker: Any) -> dict[str, Any]:
     )
     running = tasks.echo.enqueue("waits on the other queue")
     TaskRecord.objects.filter(pk=running.id).update(
-        status=TaskResultStatus.RUNNING, attempt=1, last_attempted_at=now, started_at=now
+        status=TaskResultStatus.RUNNING,
+        attempt=1,
+        last_attempted_at=now,
+        started_at=now,
+        worker_ids=["web-1:4242:live"],  # in flight on the live worker's page
+        task_path=LONG_PATH,
     )
     for worker_id, beat in (("web-1:4242:live", now), ("web-2:77:stale", now - timedelta(hours=1))):
         WorkerRecord.objects.create(
@@ -452,6 +472,11 @@ def seed_every_state(run_worker: Any) -> dict[str, Any]:
             concurrency=8,
             started_at=now - timedelta(days=2),
             last_heartbeat_at=beat,
+            version="0.1.0",
+            tasks_processed=1_284_377,
+            tasks_failed=2_911,
+            # The stale one as a leader that went silent (its row says so until pruned).
+            leader_since=now - timedelta(days=1),
         )
     api.create("nightly-report", tasks.add, "0 3 * * *", args=(1, 2))
     api.run_now("nightly-report")  # a last run, with its task's status, to show
@@ -492,6 +517,7 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
         (f"{ADMIN}breakerrecord/{ids['breaker']}/change/", None, ROW_MAX_PX),
         (f"{ADMIN}workerrecord/", None, ROW_MAX_PX),
         (f"{ADMIN}workerrecord/{ids['worker']}/change/", None, ROW_MAX_PX),
+        (f"{ADMIN}workerrecord/web-2:77:stale/change/", None, ROW_MAX_PX),
         (f"{ADMIN}schedulerecord/", None, SCHEDULES_ROW_MAX_PX),
         (f"{ADMIN}schedulerecord/{ids['schedule']}/change/", None, ROW_MAX_PX),
     ]

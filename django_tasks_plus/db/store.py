@@ -90,9 +90,33 @@ class WorkerRegistration:
     concurrency: int
     visibility_timeout: float
     started_at: datetime
+    version: str = ""
 
 
-def register_worker(database: str, registration: WorkerRegistration, now: datetime) -> None:
+@dataclass(frozen=True)
+class WorkerStatus:
+    """What a worker's row says of it beyond liveness, rewritten by every heartbeat in
+    the same UPDATE: the attempts it finished and failed since it started, and since when
+    it leads its backend (None while a follower)."""
+
+    tasks_processed: int = 0
+    tasks_failed: int = 0
+    leader_since: datetime | None = None
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "tasks_processed": self.tasks_processed,
+            "tasks_failed": self.tasks_failed,
+            "leader_since": self.leader_since,
+        }
+
+
+def register_worker(
+    database: str,
+    registration: WorkerRegistration,
+    now: datetime,
+    status: WorkerStatus | None = None,
+) -> None:
     WorkerRecord.objects.using(database).update_or_create(
         worker_id=registration.worker_id,
         defaults={
@@ -104,14 +128,20 @@ def register_worker(database: str, registration: WorkerRegistration, now: dateti
             "visibility_timeout": registration.visibility_timeout,
             "started_at": registration.started_at,
             "last_heartbeat_at": now,
+            "version": registration.version[:40],
+            **(status or WorkerStatus()).columns(),
         },
     )
 
 
-def heartbeat_worker(database: str, worker_id: str, now: datetime) -> bool:
-    """Touch the worker's row; False if it is gone (the caller registers it again)."""
+def heartbeat_worker(
+    database: str, worker_id: str, now: datetime, status: WorkerStatus | None = None
+) -> bool:
+    """Touch the worker's row, writing ``status`` in the same statement; False if the row
+    is gone (the caller registers it again)."""
     rows = WorkerRecord.objects.using(database).filter(worker_id=worker_id)
-    return rows.update(last_heartbeat_at=now) > 0
+    values = status.columns() if status is not None else {}
+    return rows.update(last_heartbeat_at=now, **values) > 0
 
 
 def remove_worker(database: str, worker_id: str) -> None:
