@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_tasks_plus', '0017_task_waiting_indexes'),
+        ('django_tasks_plus', '0018_metric_hours'),
     ]
 
     operations = [
