@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import importlib.metadata
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from benchenv import BENCH, PG_SERVER, REPO
+from benchenv import BENCH, PG_SERVER, REDIS_SERVER, REPO
 from report import Row, Series, fmt_ratio, ratio
 
 DRIVERS = BENCH / "peer_drivers"
@@ -46,6 +49,7 @@ class Peer:
     database: str
     driver: str
     env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None  # another interpreter on PATH for the venv, e.g. python3.12
 
     @property
     def label(self) -> str:
@@ -64,21 +68,47 @@ class Peer:
 # driver; django-tasks-db's [compat] extra brings the django-tasks backport that Django 5.2
 # (the only Django on Python 3.11, like our bench venv) needs.
 _PSYCOPG = f"psycopg[binary]=={psycopg.__version__}"
+# psutil samples the peer's worker processes' memory from inside the driver, as benchenv's
+# TreeRssSampler does for ours; same version as the bench venv's.
+_PSUTIL = f"psutil=={importlib.metadata.version('psutil')}"
 PEERS = (
     Peer(
         "procrastinate",
         "3.10.0",
         ("procrastinate==3.10.0", _PSYCOPG),
-        "peer_procrastinate",
+        "bench_peer_procrastinate",
         "procrastinate_driver.py",
     ),
     Peer(
         "django-tasks-db",
         "0.13.0",
         ("django-tasks-db[compat]==0.13.0", _PSYCOPG),
-        "peer_djdb",
+        "bench_peer_djdb",
         "djdb_driver.py",
         {"DJANGO_SETTINGS_MODULE": "djdb_settings"},
+    ),
+    Peer(
+        "pgqueuer",
+        "1.6.0",
+        ("pgqueuer[asyncpg]==1.6.0", _PSYCOPG),  # asyncpg: its README's driver
+        "bench_peer_pgqueuer",
+        "pgqueuer_driver.py",
+    ),
+    Peer(
+        "oban",
+        "0.7.0",
+        ("oban==0.7.0", _PSYCOPG),
+        "bench_peer_oban",
+        "oban_driver.py",
+        python="python3.12",  # oban-py requires Python >= 3.12
+    ),
+    Peer(
+        "celery",
+        "5.7.0",
+        ("celery==5.7.0", "redis==8.1.0"),
+        "bench_peer_celery",
+        "celery_driver.py",
+        {"PEER_REDIS_BROKER": f"{REDIS_SERVER}/14", "PEER_REDIS_RESULTS": f"{REDIS_SERVER}/15"},
     ),
 )
 
@@ -136,15 +166,38 @@ def _tail(text: str) -> str:
     return kept[-1][:300] if kept else "no output"
 
 
+def find_python(name: str) -> str:
+    """The real interpreter behind ``name``: on PATH, else a pyenv-built one.
+
+    A pyenv shim for a version that is not the selected one exits with an error, so each
+    candidate is asked for its own ``sys.executable`` before it is used.
+    """
+    candidates = [
+        shutil.which(name),
+        *sorted(glob.glob(f"{Path.home()}/.pyenv/versions/*/bin/{name}")),
+    ]
+    for candidate in filter(None, candidates):
+        done = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.executable)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    raise PeerError(f"needs {name} (on PATH or built by pyenv)")
+
+
 def install(peer: Peer) -> None:
     """Create the peer's venv and pip-install its pinned requirements (once per pin)."""
     marker = peer.venv / MARKER
-    wanted = "\n".join(peer.requirements)
+    wanted = "\n".join([*peer.requirements, _PSUTIL, peer.python or sys.executable])
     if marker.exists() and marker.read_text() == wanted:
         return
     python = peer.venv / "bin" / "python"
+    base = find_python(peer.python) if peer.python else sys.executable
     commands = [
-        [sys.executable, "-m", "venv", "--clear", str(peer.venv)],
+        [base, "-m", "venv", "--clear", str(peer.venv)],
         [
             str(python),
             "-m",
@@ -153,6 +206,7 @@ def install(peer: Peer) -> None:
             "-q",
             "--disable-pip-version-check",
             *peer.requirements,
+            _PSUTIL,
         ],
     ]
     for command in commands:
