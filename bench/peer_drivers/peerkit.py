@@ -8,6 +8,7 @@ line, like ``bench/driver.py`` does for django-tasks-plus.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -16,14 +17,15 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchenv import TreeRssSampler, wait_until
 
 Workload = Callable[[argparse.Namespace], dict[str, Any]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -98,6 +100,24 @@ class Workers:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class Loop:
+    """An event loop driven from sync code, for peers whose client API is async.
+
+    ``run(coroutine)`` completes one call at a time on a loop kept open across calls (so
+    an async connection or pool stays bound to it), and the sync timing and pacing helpers
+    shared by every driver work unchanged.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(awaitable)
+
+    def close(self) -> None:
+        self.loop.close()
 
 
 def wait_done(

@@ -9,14 +9,13 @@ asyncpg connection (the driver of pgqueuer's README), and ``pgqueuer.run`` as th
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import peerkit
@@ -26,7 +25,6 @@ from pgqueuer import Queries
 from pgqueuer_tasks import DSN, LATENCY_TABLE
 
 WORKER = [sys.executable, str(Path(__file__).with_name("pgqueuer_worker.py"))]
-T = TypeVar("T")
 
 
 def sql(query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -41,23 +39,18 @@ def reset() -> None:
     sql("VACUUM ANALYZE pgqueuer")
 
 
+Run = Callable[[Awaitable[Any]], Any]
+
+
 @contextmanager
-def client() -> Iterator[tuple[Callable[[Awaitable[T]], T], Queries]]:
-    """pgqueuer's async ``Queries`` on one asyncpg connection, driven from sync code.
-
-    ``run(coroutine)`` completes one call on the connection's own event loop, so the
-    timing and pacing helpers shared with the other peers work unchanged.
-    """
-    loop = asyncio.new_event_loop()
-
-    def run(awaitable: Awaitable[T]) -> T:
-        return loop.run_until_complete(awaitable)
-
-    connection = run(asyncpg.connect(DSN))
+def client() -> Iterator[tuple[Run, Queries]]:
+    """pgqueuer's async ``Queries`` on one asyncpg connection, driven from sync code."""
+    loop = peerkit.Loop()
+    connection = loop.run(asyncpg.connect(DSN))
     try:
-        yield run, Queries.from_asyncpg_connection(connection)
+        yield loop.run, Queries.from_asyncpg_connection(connection)
     finally:
-        run(connection.close())
+        loop.run(connection.close())
         loop.close()
 
 
@@ -65,7 +58,7 @@ def _payload(i: int) -> bytes:
     return json.dumps({"a": i, "b": i}).encode()
 
 
-def _batch(run: Callable[[Awaitable[Any]], Any], queries: Queries, count: int) -> None:
+def _batch(run: Run, queries: Queries, count: int) -> None:
     run(queries.enqueue(["add"] * count, [_payload(i) for i in range(count)], [0] * count))
 
 
