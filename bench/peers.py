@@ -46,7 +46,7 @@ class Peer:
     name: str
     version: str
     requirements: tuple[str, ...]
-    database: str
+    database: str | None  # None: the peer keeps nothing in PostgreSQL (Celery + Redis)
     driver: str
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None  # another interpreter on PATH for the venv, e.g. python3.12
@@ -61,7 +61,7 @@ class Peer:
 
     @property
     def dsn(self) -> str:
-        return f"{PG_SERVER}/{self.database}"
+        return f"{PG_SERVER}/{self.database}" if self.database else ""
 
 
 # psycopg is pinned to the bench venv's version so every contender talks through the same
@@ -105,8 +105,8 @@ PEERS = (
     Peer(
         "celery",
         "5.7.0",
-        ("celery==5.7.0", "redis==8.1.0"),
-        "bench_peer_celery",
+        ("celery[redis]==5.7.0", "redis==8.1.0"),
+        None,
         "celery_driver.py",
         {"PEER_REDIS_BROKER": f"{REDIS_SERVER}/14", "PEER_REDIS_RESULTS": f"{REDIS_SERVER}/15"},
     ),
@@ -224,6 +224,8 @@ def install(peer: Peer) -> None:
 
 
 def recreate_database(peer: Peer) -> None:
+    if peer.database is None:
+        return
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {peer.database} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {peer.database}")
