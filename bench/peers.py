@@ -329,7 +329,11 @@ METRICS = (
     ("drain, process start included", "drain", "rate_with_start", "W2", "rate_with_start"),
     ("enqueue->start p50 (lower is better)", "latency", "p50_ms", "W3", "p50_ms"),
     ("enqueue->start p99 (lower is better)", "latency", "p99_ms", "W3", "p99_ms"),
+    ("drain peak RSS, all workers (lower is better)", "drain", "peak_rss_mb", "W2", "peak_rss_mb"),
+    ("drain peak PSS, all workers (lower is better)", "drain", "peak_pss_mb", "W2", "peak_pss_mb"),
 )
+
+UNITS = {"_ms": "ms", "_mb": "MB"}  # by key suffix; anything else is a rate
 
 
 def compare(peer: dict[str, Any], ours: dict[str, Series]) -> list[dict[str, Any]]:
@@ -347,7 +351,7 @@ def compare(peer: dict[str, Any], ours: dict[str, Series]) -> list[dict[str, Any
             {
                 "metric": label,
                 "series": series,
-                "unit": "ms" if key.endswith("_ms") else "/s",
+                "unit": UNITS.get(key[-3:], "/s"),
                 "theirs": theirs,
                 "ours": mine,
                 "ours_vs_peer": ratio(mine, theirs),
@@ -359,15 +363,18 @@ def compare(peer: dict[str, Any], ours: dict[str, Series]) -> list[dict[str, Any
 
 NOTE = (
     "Peer rows ('vs ...'): the peer's figure is in the baseline column and ratio is ours / "
-    "theirs\n(for latency lower is better). Peers run once each, after our workloads, with "
-    "the same sizes\nand worker process count (our W3 uses one runtasks process)."
+    "theirs\n(for latency and memory lower is better). Peers run once each, after our "
+    "workloads, with the same\nsizes and worker process count (our W3 uses one runtasks "
+    "process; Celery runs one prefork worker\nwith that many children)."
 )
 
 
 def _figure(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
-    return f"{value:.1f} ms" if unit == "ms" else f"{value:,.0f}/s"
+    if unit == "ms":
+        return f"{value:.1f} ms"
+    return f"{value:.0f} MB" if unit == "MB" else f"{value:,.0f}/s"
 
 
 def attach_comparisons(peers: list[dict[str, Any]], ours: dict[str, Series]) -> None:
