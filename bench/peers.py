@@ -2,9 +2,10 @@
 
 Each peer gets its own virtualenv in the repository root (``.venv-peer-<name>``, pinned
 from PyPI, never a dependency of the project or its tests) and its own freshly recreated
-PostgreSQL database (``peer_<name>``). A driver in ``bench/peer_drivers/`` runs inside that
-venv and does one measurement per process with the peer's own public API and its own
-worker command, like ``driver.py`` does for us. Peers run one at a time, after our
+PostgreSQL database (``bench_peer_<name>``; Celery two flushed Redis databases instead). A
+driver in ``bench/peer_drivers/`` runs inside that venv and does one measurement per
+process with the peer's own public API and its own worker command, like ``driver.py``
+does for us. Peers run one at a time, after our
 workloads, once each; every step is bounded in time, and a peer that cannot be installed
 or fails is reported as such while the run goes on.
 

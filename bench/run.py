@@ -5,7 +5,7 @@
     python bench/run.py --workloads W1,W2 --runs 5 --tasks 50000
     python bench/run.py --sqlite          # also drain and latency on a SQLite file
     python bench/run.py --profile         # also a py-spy profile of the W2 drain
-    python bench/run.py --peers           # also procrastinate and django-tasks-db (peers.py)
+    python bench/run.py --peers           # also five other queues (peers.py)
 
 Workloads: W1 enqueue (single and bulk), W2 drain, W3 latency, W4 drain over a large
 finished history, W5 drain while the leader prunes expired rows (against pruner off).
