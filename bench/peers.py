@@ -5,9 +5,9 @@ from PyPI, never a dependency of the project or its tests) and its own freshly r
 PostgreSQL database (``bench_peer_<name>``; Celery two flushed Redis databases instead). A
 driver in ``bench/peer_drivers/`` runs inside that venv and does one measurement per
 process with the peer's own public API and its own worker command, like ``driver.py``
-does for us. Peers run one at a time, after our
-workloads, once each; every step is bounded in time, and a peer that cannot be installed
-or fails is reported as such while the run goes on.
+does for us. Peers run one at a time, after our workloads, once each; every step is
+bounded in time, and a peer that cannot be installed or fails is reported as such while
+the run goes on.
 
     python bench/peers.py --tasks 2000 --single 500 --latency-tasks 100   # peers alone
 """
@@ -70,8 +70,11 @@ class Peer:
 # (the only Django on Python 3.11, like our bench venv) needs.
 _PSYCOPG = f"psycopg[binary]=={psycopg.__version__}"
 # psutil samples the peer's worker processes' memory from inside the driver, as benchenv's
-# TreeRssSampler does for ours; same version as the bench venv's.
-_PSUTIL = f"psutil=={importlib.metadata.version('psutil')}"
+# TreeRssSampler does for ours; same version as the bench venv's where it has one.
+try:
+    _PSUTIL = f"psutil=={importlib.metadata.version('psutil')}"
+except importlib.metadata.PackageNotFoundError:
+    _PSUTIL = "psutil"
 PEERS = (
     Peer(
         "procrastinate",
