@@ -422,6 +422,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=2_000)
     parser.add_argument("--single", type=int, default=500)
     parser.add_argument("--latency-tasks", type=int, default=100)
+    parser.add_argument("--latency-rate", type=float, default=50.0, help="tasks/s")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--only", help="one peer name, e.g. procrastinate")
     args = parser.parse_args()
@@ -430,7 +431,7 @@ def main() -> int:
         single=args.single,
         tasks=args.tasks,
         latency_tasks=args.latency_tasks,
-        latency_rate=50.0,
+        latency_rate=args.latency_rate,
         processes=args.processes,
     )
 
