@@ -50,7 +50,7 @@ class Peer:
     database: str | None  # None: the peer keeps nothing in PostgreSQL (Celery + Redis)
     driver: str
     env: dict[str, str] = field(default_factory=dict)
-    python: str | None = None  # another interpreter on PATH for the venv, e.g. python3.12
+    python: str | None = None  # another interpreter for the venv (see find_python), e.g. python3.12
 
     @property
     def label(self) -> str:
