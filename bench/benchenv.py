@@ -12,7 +12,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ PG_SERVER = "postgresql://root@127.0.0.1:5432"
 PG_DATABASE = os.environ.get("BENCH_DATABASE", "bench")  # another name: runs side by side
 PG_URL = f"postgres://root@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"{PG_SERVER}/{PG_DATABASE}"
+REDIS_SERVER = "redis://127.0.0.1:6379"  # the Celery peer's broker and result backend
 
 
 def django_env(database_url: str) -> dict[str, str]:
@@ -98,10 +99,10 @@ class TreeRssSampler:
 
     PSS_EVERY = 5  # PSS walks the page tables: read it on every 5th sample only
 
-    def __init__(self, root: int, interval: float = 0.05) -> None:
+    def __init__(self, root: int | Sequence[int], interval: float = 0.05) -> None:
         import psutil
 
-        self.root = psutil.Process(root)
+        self.roots = [psutil.Process(pid) for pid in ([root] if isinstance(root, int) else root)]
         self.interval = interval
         self.peak_total = 0
         self.peak_pss = 0
@@ -120,13 +121,16 @@ class TreeRssSampler:
         self._thread.join()
 
     def _tree(self) -> list[Any]:
-        """The root and all its descendants alive right now (empty once the root exited)."""
+        """The roots and all their descendants alive right now (none of a root that exited)."""
         import psutil
 
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        tree = []
+        for root in self.roots:
+            try:
+                tree += [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        return tree
 
     def _loop(self) -> None:
         import psutil

@@ -2,11 +2,12 @@
 
 Each peer gets its own virtualenv in the repository root (``.venv-peer-<name>``, pinned
 from PyPI, never a dependency of the project or its tests) and its own freshly recreated
-PostgreSQL database (``peer_<name>``). A driver in ``bench/peer_drivers/`` runs inside that
-venv and does one measurement per process with the peer's own public API and its own
-worker command, like ``driver.py`` does for us. Peers run one at a time, after our
-workloads, once each; every step is bounded in time, and a peer that cannot be installed
-or fails is reported as such while the run goes on.
+PostgreSQL database (``bench_peer_<name>``; Celery two flushed Redis databases instead). A
+driver in ``bench/peer_drivers/`` runs inside that venv and does one measurement per
+process with the peer's own public API and its own worker command, like ``driver.py``
+does for us. Peers run one at a time, after our workloads, once each; every step is
+bounded in time, and a peer that cannot be installed or fails is reported as such while
+the run goes on.
 
     python bench/peers.py --tasks 2000 --single 500 --latency-tasks 100   # peers alone
 """
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import importlib.metadata
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from benchenv import BENCH, PG_SERVER, REPO
+from benchenv import BENCH, PG_SERVER, REDIS_SERVER, REPO
 from report import Row, Series, fmt_ratio, ratio
 
 DRIVERS = BENCH / "peer_drivers"
@@ -43,9 +47,10 @@ class Peer:
     name: str
     version: str
     requirements: tuple[str, ...]
-    database: str
+    database: str | None  # None: the peer keeps nothing in PostgreSQL (Celery + Redis)
     driver: str
     env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None  # another interpreter for the venv (see find_python), e.g. python3.12
 
     @property
     def label(self) -> str:
@@ -57,28 +62,57 @@ class Peer:
 
     @property
     def dsn(self) -> str:
-        return f"{PG_SERVER}/{self.database}"
+        return f"{PG_SERVER}/{self.database}" if self.database else ""
 
 
 # psycopg is pinned to the bench venv's version so every contender talks through the same
 # driver; django-tasks-db's [compat] extra brings the django-tasks backport that Django 5.2
 # (the only Django on Python 3.11, like our bench venv) needs.
 _PSYCOPG = f"psycopg[binary]=={psycopg.__version__}"
+# psutil samples the peer's worker processes' memory from inside the driver, as benchenv's
+# TreeRssSampler does for ours; same version as the bench venv's where it has one.
+try:
+    _PSUTIL = f"psutil=={importlib.metadata.version('psutil')}"
+except importlib.metadata.PackageNotFoundError:
+    _PSUTIL = "psutil"
 PEERS = (
     Peer(
         "procrastinate",
         "3.10.0",
         ("procrastinate==3.10.0", _PSYCOPG),
-        "peer_procrastinate",
+        "bench_peer_procrastinate",
         "procrastinate_driver.py",
     ),
     Peer(
         "django-tasks-db",
         "0.13.0",
         ("django-tasks-db[compat]==0.13.0", _PSYCOPG),
-        "peer_djdb",
+        "bench_peer_djdb",
         "djdb_driver.py",
         {"DJANGO_SETTINGS_MODULE": "djdb_settings"},
+    ),
+    Peer(
+        "pgqueuer",
+        "1.6.0",
+        ("pgqueuer[asyncpg]==1.6.0", _PSYCOPG),  # asyncpg: its README's driver
+        "bench_peer_pgqueuer",
+        "pgqueuer_driver.py",
+    ),
+    Peer(
+        "oban",
+        "0.7.0",
+        ("oban==0.7.0", _PSYCOPG),
+        "bench_peer_oban",
+        "oban_driver.py",
+        python="python3.12",  # oban-py requires Python >= 3.12
+    ),
+    Peer(
+        "celery",
+        "5.7.0",
+        ("celery[redis]==5.7.0", "redis==8.1.0"),
+        None,
+        "celery_driver.py",
+        {"PEER_REDIS_BROKER": f"{REDIS_SERVER}/14", "PEER_REDIS_RESULTS": f"{REDIS_SERVER}/15"},
     ),
 )
 
@@ -136,15 +170,38 @@ def _tail(text: str) -> str:
     return kept[-1][:300] if kept else "no output"
 
 
+def find_python(name: str) -> str:
+    """The real interpreter behind ``name``: on PATH, else a pyenv-built one.
+
+    A pyenv shim for a version that is not the selected one exits with an error, so each
+    candidate is asked for its own ``sys.executable`` before it is used.
+    """
+    candidates = [
+        shutil.which(name),
+        *sorted(glob.glob(f"{Path.home()}/.pyenv/versions/*/bin/{name}")),
+    ]
+    for candidate in filter(None, candidates):
+        done = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.executable)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    raise PeerError(f"needs {name} (on PATH or built by pyenv)")
+
+
 def install(peer: Peer) -> None:
     """Create the peer's venv and pip-install its pinned requirements (once per pin)."""
     marker = peer.venv / MARKER
-    wanted = "\n".join(peer.requirements)
+    wanted = "\n".join([*peer.requirements, _PSUTIL, peer.python or sys.executable])
     if marker.exists() and marker.read_text() == wanted:
         return
     python = peer.venv / "bin" / "python"
+    base = find_python(peer.python) if peer.python else sys.executable
     commands = [
-        [sys.executable, "-m", "venv", "--clear", str(peer.venv)],
+        [base, "-m", "venv", "--clear", str(peer.venv)],
         [
             str(python),
             "-m",
@@ -153,6 +210,7 @@ def install(peer: Peer) -> None:
             "-q",
             "--disable-pip-version-check",
             *peer.requirements,
+            _PSUTIL,
         ],
     ]
     for command in commands:
@@ -170,6 +228,8 @@ def install(peer: Peer) -> None:
 
 
 def recreate_database(peer: Peer) -> None:
+    if peer.database is None:
+        return
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {peer.database} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {peer.database}")
@@ -273,7 +333,11 @@ METRICS = (
     ("drain, process start included", "drain", "rate_with_start", "W2", "rate_with_start"),
     ("enqueue->start p50 (lower is better)", "latency", "p50_ms", "W3", "p50_ms"),
     ("enqueue->start p99 (lower is better)", "latency", "p99_ms", "W3", "p99_ms"),
+    ("drain peak RSS, all workers (lower is better)", "drain", "peak_rss_mb", "W2", "peak_rss_mb"),
+    ("drain peak PSS, all workers (lower is better)", "drain", "peak_pss_mb", "W2", "peak_pss_mb"),
 )
+
+UNITS = {"_ms": "ms", "_mb": "MB"}  # by key suffix; anything else is a rate
 
 
 def compare(peer: dict[str, Any], ours: dict[str, Series]) -> list[dict[str, Any]]:
@@ -291,7 +355,7 @@ def compare(peer: dict[str, Any], ours: dict[str, Series]) -> list[dict[str, Any
             {
                 "metric": label,
                 "series": series,
-                "unit": "ms" if key.endswith("_ms") else "/s",
+                "unit": UNITS.get(key[-3:], "/s"),
                 "theirs": theirs,
                 "ours": mine,
                 "ours_vs_peer": ratio(mine, theirs),
@@ -303,15 +367,18 @@ def compare(peer: dict[str, Any], ours: dict[str, Series]) -> list[dict[str, Any
 
 NOTE = (
     "Peer rows ('vs ...'): the peer's figure is in the baseline column and ratio is ours / "
-    "theirs\n(for latency lower is better). Peers run once each, after our workloads, with "
-    "the same sizes\nand worker process count (our W3 uses one runtasks process)."
+    "theirs\n(for latency and memory lower is better). Peers run once each, after our "
+    "workloads, with the same\nsizes and worker process count (our W3 uses one runtasks "
+    "process; Celery runs one prefork worker\nwith that many children)."
 )
 
 
 def _figure(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
-    return f"{value:.1f} ms" if unit == "ms" else f"{value:,.0f}/s"
+    if unit == "ms":
+        return f"{value:.1f} ms"
+    return f"{value:.0f} MB" if unit == "MB" else f"{value:,.0f}/s"
 
 
 def attach_comparisons(peers: list[dict[str, Any]], ours: dict[str, Series]) -> None:
@@ -355,6 +422,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=2_000)
     parser.add_argument("--single", type=int, default=500)
     parser.add_argument("--latency-tasks", type=int, default=100)
+    parser.add_argument("--latency-rate", type=float, default=50.0, help="tasks/s")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--only", help="one peer name, e.g. procrastinate")
     args = parser.parse_args()
@@ -363,7 +431,7 @@ def main() -> int:
         single=args.single,
         tasks=args.tasks,
         latency_tasks=args.latency_tasks,
-        latency_rate=50.0,
+        latency_rate=args.latency_rate,
         processes=args.processes,
     )
 

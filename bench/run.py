@@ -5,7 +5,7 @@
     python bench/run.py --workloads W1,W2 --runs 5 --tasks 50000
     python bench/run.py --sqlite          # also drain and latency on a SQLite file
     python bench/run.py --profile         # also a py-spy profile of the W2 drain
-    python bench/run.py --peers           # also procrastinate and django-tasks-db (peers.py)
+    python bench/run.py --peers           # also five other queues (peers.py)
 
 Workloads: W1 enqueue (single and bulk), W2 drain, W3 latency, W4 drain over a large
 finished history, W5 drain while the leader prunes expired rows (against pruner off).
@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
     parser.add_argument("--tasks", type=int, help="bulk/drain size (default 20,000)")
     parser.add_argument("--single", type=int, help="single enqueues in W1a (default 2,000)")
     parser.add_argument("--latency-tasks", type=int, help="W3 tasks (default 500)")
+    parser.add_argument(
+        "--latency-rate", type=float, default=50.0, help="W3 offered load, tasks/s (default 50)"
+    )
     parser.add_argument("--history", type=int, help="W4 finished rows (default 1,000,000)")
     parser.add_argument(
         "--expired", type=int, help="W5 finished rows past retention (default 200,000)"
@@ -92,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
     unknown = set(workloads) - set(ALL_WORKLOADS)
     if unknown:
         parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    if args.latency_rate <= 0:
+        parser.error(f"--latency-rate must be above 0 tasks/s, not {args.latency_rate:g}")
     quick = args.quick
     plan = Plan(
         workloads=workloads,
@@ -99,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
         tasks=args.tasks or (5_000 if quick else 20_000),
         single=args.single or (1_000 if quick else 2_000),
         latency_tasks=args.latency_tasks or (200 if quick else 500),
-        latency_rate=50.0,
+        latency_rate=args.latency_rate,
         history=args.history if args.history is not None else (100_000 if quick else 1_000_000),
         expired=args.expired if args.expired is not None else (50_000 if quick else 200_000),
         processes=args.processes,

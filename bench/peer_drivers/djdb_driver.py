@@ -75,11 +75,12 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         workers.start(WORKER, args.processes)
         peerkit.wait_done(workers, lambda: succeeded.count() >= args.tasks, args.timeout, "drain")
         wall = time.perf_counter() - started
+        memory = workers.memory()
     if DBTaskResult.objects.exclude(status="SUCCESSFUL").exists():
         raise RuntimeError("some django-tasks-db tasks did not succeed")
     span = DBTaskResult.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
     steady = (span["last"] - span["first"]).total_seconds()
-    return peerkit.drain_figures(args.tasks, wall, steady)
+    return peerkit.drain_figures(args.tasks, wall, steady, memory)
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:

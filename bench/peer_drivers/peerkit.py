@@ -8,6 +8,7 @@ line, like ``bench/driver.py`` does for django-tasks-plus.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -16,14 +17,15 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from benchenv import wait_until
+from benchenv import TreeRssSampler, wait_until
 
 Workload = Callable[[argparse.Namespace], dict[str, Any]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -39,9 +41,14 @@ class Workers:
     folder: tempfile.TemporaryDirectory[str] = field(
         default_factory=lambda: tempfile.TemporaryDirectory(prefix="peer-workers-")
     )
+    sampler: TreeRssSampler | None = None
 
     def start(self, command: Sequence[str], count: int) -> None:
-        """Start ``count`` copies of ``command`` with this driver's environment."""
+        """Start ``count`` copies of ``command`` with this driver's environment.
+
+        The memory of every worker process and its children (a supervisor's forked pool
+        included) is sampled from here until ``memory()`` or ``stop``, as for our worker.
+        """
         for _ in range(count):
             path = Path(self.folder.name) / f"worker-{len(self.logs)}.log"
             self.logs.append(path)
@@ -49,6 +56,19 @@ class Workers:
                 self.processes.append(
                     subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
                 )
+        self._stop_sampling()
+        self.sampler = TreeRssSampler([process.pid for process in self.processes]).__enter__()
+
+    def _stop_sampling(self) -> None:
+        if self.sampler is not None:
+            self.sampler.__exit__(None, None, None)
+
+    def memory(self) -> dict[str, float]:
+        """Peak summed RSS and PSS of the workers so far (``peak_rss_mb``, ``peak_pss_mb``)."""
+        if self.sampler is None:
+            return {}
+        self._stop_sampling()
+        return dict(self.sampler.summary())
 
     def check_alive(self) -> None:
         """Fail fast when a worker died instead of waiting for the timeout."""
@@ -62,6 +82,7 @@ class Workers:
         return " | ".join(line.strip() for line in text.splitlines() if line.strip())[-size:]
 
     def stop(self, grace: float = 15.0) -> None:
+        self._stop_sampling()
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -79,6 +100,24 @@ class Workers:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class Loop:
+    """An event loop driven from sync code, for peers whose client API is async.
+
+    ``run(coroutine)`` completes one call at a time on a loop kept open across calls (so
+    an async connection or pool stays bound to it), and the sync timing and pacing helpers
+    shared by every driver work unchanged.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(awaitable)
+
+    def close(self) -> None:
+        self.loop.close()
 
 
 def wait_done(
@@ -102,9 +141,16 @@ def timed(count: int, action: Callable[[], None]) -> dict[str, float]:
     return {"rate": count / seconds, "seconds": seconds}
 
 
-def drain_figures(count: int, wall: float, span: float | None) -> dict[str, Any]:
-    """Same keys as our W2: ``rate`` is first start -> last finish, the other includes start."""
-    result: dict[str, Any] = {"rate_with_start": count / wall, "wall_seconds": wall}
+def drain_figures(
+    count: int, wall: float, span: float | None, memory: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Same keys as our W2: ``rate`` is first start -> last finish, the other includes start;
+    ``memory`` is ``Workers.memory()`` (peak RSS and PSS of the worker processes)."""
+    result: dict[str, Any] = {
+        "rate_with_start": count / wall,
+        "wall_seconds": wall,
+        **(memory or {}),
+    }
     if span and span > 0:
         result.update(rate=count / span, steady_seconds=span)
     return result

@@ -87,6 +87,7 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         workers.start(WORKER, args.processes)
         peerkit.wait_done(workers, lambda: _count("succeeded") >= args.tasks, args.timeout, "drain")
         wall = time.perf_counter() - started
+        memory = workers.memory()
     failed = sql("SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'")[0][0]
     if failed:
         raise RuntimeError(f"{failed} procrastinate jobs did not succeed")
@@ -94,7 +95,7 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         "SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
         " - min(at) FILTER (WHERE type = 'started')) FROM procrastinate_events"
     )[0][0]
-    return peerkit.drain_figures(args.tasks, wall, float(span) if span else None)
+    return peerkit.drain_figures(args.tasks, wall, float(span) if span else None, memory)
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:
