@@ -529,3 +529,99 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
             finally:
                 page.context.close()
     assert not problems, "\n".join(problems)
+
+
+# -- live pages ----------------------------------------------------------------------------
+
+
+def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_model):
+    """The task page, the overview and a queue's list refresh without a reload (a marker
+    set in the page survives), the task page stops while paused and resumes from the
+    keyboard, a task deleted meanwhile stops its page with the reason and a retry, and
+    the list's notice leaves the operator's selection alone. The page's clock is
+    Playwright's, so five-second polls take no five seconds."""
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    later = timezone.now() + timedelta(hours=1)
+    watched = tasks.add.using(run_after=later).enqueue(2, 3)
+    tasks.add.using(run_after=later).enqueue(4, 5)
+    base = live_server.url
+    page.clock.install()
+    log_in(page, base)
+    toggle = page.locator(".dtp-live-toggle")
+    status_line = page.locator(".field-status_line")
+
+    def poll_once() -> None:
+        page.clock.fast_forward(5_500)
+
+    def still_the_same_document() -> bool:
+        return page.evaluate("() => window.dtpMarker === 1")
+
+    # The task page: the worker's progress shows without a reload.
+    page.goto(f"{base}{ADMIN}taskrecord/{watched.id}/change/")
+    assert toggle.inner_text() == "Live ●" and toggle.get_attribute("aria-pressed") == "true"
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    now = timezone.now()
+    TaskRecord.objects.filter(pk=watched.id).update(
+        status=TaskResultStatus.RUNNING, attempt=1, started_at=now, last_attempted_at=now
+    )
+    poll_once()
+    status_line.locator(".dtp-badge-running").wait_for()
+    assert "Cancel task" in page.locator("#dtp-live-actions").text_content()
+
+    # Paused: the task finishes, the page does not change.
+    toggle.click()
+    assert toggle.inner_text() == "Paused" and toggle.get_attribute("aria-pressed") == "false"
+    TaskRecord.objects.filter(pk=watched.id).update(
+        status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now(), return_value=5
+    )
+    for _round in range(3):
+        poll_once()
+    page.wait_for_timeout(500)
+    assert status_line.locator(".dtp-badge-running").count() == 1
+    # Resumed from the keyboard: refreshed at once.
+    toggle.focus()
+    page.keyboard.press("Enter")
+    status_line.locator(".dtp-badge-successful").wait_for()
+    assert toggle.get_attribute("aria-pressed") == "true"
+    assert "Delete task" in page.locator("#dtp-live-actions").text_content()
+    assert still_the_same_document()
+
+    # Deleted meanwhile: updates stop, saying why, with a retry.
+    TaskRecord.objects.filter(pk=watched.id).delete()
+    poll_once()
+    stopped = page.locator(".dtp-live-status")
+    page.wait_for_function(
+        "() => document.querySelector('.dtp-live-status').textContent.includes('stopped')"
+    )
+    assert "this task no longer exists" in stopped.inner_text()
+    assert page.locator(".dtp-live-retry").is_visible()
+
+    # The overview: a card counts the new task.
+    page.goto(f"{base}{ADMIN}taskrecord/overview/")
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    due = page.locator("#dtp-live-cards .dtp-card").first.locator(".dtp-card-value")
+    assert due.inner_text() == "0"
+    tasks.add.enqueue(6, 7)
+    poll_once()
+    page.wait_for_function(
+        "() => document.querySelector('#dtp-live-cards .dtp-card-value').textContent === '1'"
+    )
+    assert still_the_same_document()
+
+    # A queue's list: a notice of the new task; the selected row stays selected.
+    page.goto(f"{base}{ADMIN}taskrecord/?queue_name=default")
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    selected = page.locator("#result_list input.action-select").first
+    selected.check()
+    assert "1 of 2 selected" in page.locator(".action-counter").inner_text()
+    tasks.add.enqueue(8, 9)
+    poll_once()
+    notice = page.locator("#dtp-live-list .dtp-live-notice")
+    notice.wait_for()
+    assert "1 new, 0 changed, 0 no longer on it" in notice.inner_text()
+    assert selected.is_checked()
+    assert "1 of 2 selected" in page.locator(".action-counter").inner_text()
+    assert still_the_same_document()
+    notice.get_by_role("link", name="Reload the list").click()
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 3

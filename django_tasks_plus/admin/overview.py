@@ -33,11 +33,18 @@ from ..metrics.catalog import BUCKETS
 from ..models import ScheduleRecord
 from ..operations import database_backend
 from ..waiting import LABELS, Capped, Reason
-from . import display
+from . import display, live
 from .filters import configured_backends
 
 TEMPLATE = "admin/django_tasks_plus/overview.html"
 URL_NAME = "django_tasks_plus_taskrecord_overview"
+LIVE_URL_NAME = "django_tasks_plus_taskrecord_overview_live"
+# Page element id -> its template under live/ (the page includes the same ones).
+LIVE_REGIONS = {
+    "dtp-live-cards": "overview_cards.html",
+    "dtp-queues": "overview_queues.html",
+    "dtp-breakers": "overview_breakers.html",
+}
 HOUR, DAY = timedelta(hours=1), timedelta(days=1)
 EMPTY = "-"  # as Django's empty_value_display
 
@@ -69,6 +76,41 @@ class Window:
 
 def overview_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
     """The page; the caller wraps it in ``admin_site.admin_view`` (login, staff)."""
+    context = _page_context(model_admin, request)
+    if "problem" not in context:
+        context.update(
+            build(
+                context["backend"],
+                timezone.now(),
+                model_admin.admin_site.name,
+                filter_backend=len(context["backends"]) > 1,
+            )
+        )
+        query = request.GET.urlencode()
+        url = reverse(f"{model_admin.admin_site.name}:{LIVE_URL_NAME}")
+        context.update(live.bar_context(url + (f"?{query}" if query else "")))
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def overview_live_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """The JSON ``live.js`` polls: the regions read from the task table now (cards,
+    queues, circuits). Rates, latencies and charts stay as the page drew them."""
+    context = _page_context(model_admin, request)
+    if "problem" in context:
+        return live.problem_response(context["problem"], 400)
+    context.update(
+        gauges(
+            context["backend"],
+            timezone.now(),
+            model_admin.admin_site.name,
+            filter_backend=len(context["backends"]) > 1,
+        )
+    )
+    return live.regions_response(request, LIVE_REGIONS, context)
+
+
+def _page_context(model_admin: admin.ModelAdmin, request: HttpRequest) -> dict[str, Any]:
+    """The page's frame and the backend it shows (``problem``: none can be shown)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     backends = sorted(configured_backends())
@@ -88,28 +130,19 @@ def overview_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
             if backend
             else _("No TASKS entry uses django_tasks_plus.backend.DatabaseBackend.")
         )
-    else:
-        context.update(
-            build(
-                backend,
-                timezone.now(),
-                model_admin.admin_site.name,
-                filter_backend=len(backends) > 1,
-            )
-        )
-    return TemplateResponse(request, TEMPLATE, context)
+    return context
 
 
-def build(
+def gauges(
     backend: str, now: datetime, site: str = "admin", *, filter_backend: bool = False
 ) -> dict[str, Any]:
-    """The page's numbers and charts for one backend, read now. ``filter_backend``: the
-    links to the task list name the backend (when there are several)."""
+    """What the page reads from the task table now (cards, queues, circuits, schedules):
+    what a live refresh redraws, without the metrics' rates and charts."""
     links = _Links(site, backend if filter_backend else None)
     queues = metrics.queue_waiting(backend, now=now)
     workers = metrics.workers(backend, now=now)
     circuits_open = [b for b in circuits.breaker_states(backend) if b.state != "closed"]
-    context: dict[str, Any] = {
+    return {
         "reasons": [
             {"value": reason.value, "short": _(reason.value), "label": _(label)}
             for reason, label in LABELS.items()
@@ -137,6 +170,14 @@ def build(
         + ("?" + urlencode({"backend_name": backend}) if filter_backend else ""),
         "metrics_enabled": backend in enabled_targets(),
     }
+
+
+def build(
+    backend: str, now: datetime, site: str = "admin", *, filter_backend: bool = False
+) -> dict[str, Any]:
+    """The page's numbers and charts for one backend, read now. ``filter_backend``: the
+    links to the task list name the backend (when there are several)."""
+    context = gauges(backend, now, site, filter_backend=filter_backend)
     if not context["metrics_enabled"]:
         return context
     windows = [
