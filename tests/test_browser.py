@@ -1,7 +1,7 @@
 """The admin in a real browser: headless Chromium (Debian's, driven by Playwright) against
 a live server and a real ``runtasks`` worker.
 
-Two walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
+Three walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
 just present in the markup), opens a dead task, redrives it and watches it succeed, and
 opens the workers and breakers pages. Then every admin page of the app, with a task in
 each state the docs describe, is opened at 1280 px with Django's sidebar open and at
@@ -11,6 +11,8 @@ scrolling box, rows a few lines tall with task paths on one line, chart text of 
 10 px, breadcrumbs on their bar and object tools that do not overlap, and each page's
 own (the schedules list keeps name, next and last run on screen). One test walks them
 all (one login, one seeded database) so the matrix costs seconds, not a test per page.
+A third walks the live pages (a task's page, the overview, a queue's list: they refresh
+in place, pause, and stop saying why) on Playwright's clock.
 
 Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir; the
 layout walk saves one per page, size and scheme only with ``DTP_LAYOUT_SHOTS=1``);

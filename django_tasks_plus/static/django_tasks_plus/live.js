@@ -248,8 +248,8 @@
     });
 
     bar.hidden = false;
-    show("");
-    schedule(interval); // the page was drawn just now
+    show(format(label("updated"), {time: new Date().toLocaleTimeString()})); // drawn just now
+    schedule(interval);
   }
 
   function init() {
