@@ -561,6 +561,20 @@ def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_mo
     def poll_once() -> None:
         page.clock.fast_forward(5_500)
 
+    def refreshed_until(condition: str) -> None:
+        """Move the page's clock a poll ahead until ``condition`` (JavaScript) holds: a
+        request may still be on its way when the clock jumps (the next one then waits)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            poll_once()
+            try:
+                page.wait_for_function(condition, timeout=1_000)
+                return
+            except playwright_sync.TimeoutError:
+                continue
+        bar = page.locator(".dtp-live").inner_text()
+        raise AssertionError(f"not refreshed to {condition} within 30 s; the bar says {bar!r}")
+
     def still_the_same_document() -> bool:
         return page.evaluate("() => window.dtpMarker === 1")
 
@@ -572,8 +586,7 @@ def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_mo
     TaskRecord.objects.filter(pk=watched.id).update(
         status=TaskResultStatus.RUNNING, attempt=1, started_at=now, last_attempted_at=now
     )
-    poll_once()
-    status_line.locator(".dtp-badge-running").wait_for()
+    refreshed_until("() => !!document.querySelector('.field-status_line .dtp-badge-running')")
     assert "Cancel task" in page.locator("#dtp-live-actions").text_content()
 
     # Paused: the task finishes, the page does not change.
@@ -596,12 +609,9 @@ def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_mo
 
     # Deleted meanwhile: updates stop, saying why, with a retry.
     TaskRecord.objects.filter(pk=watched.id).delete()
-    poll_once()
-    stopped = page.locator(".dtp-live-status")
-    page.wait_for_function(
-        "() => document.querySelector('.dtp-live-status').textContent.includes('stopped')"
-    )
-    assert "this task no longer exists" in stopped.inner_text()
+    stopped = page.locator(".dtp-live [role=alert]")
+    refreshed_until("() => document.querySelector('.dtp-live-alert').textContent !== ''")
+    assert stopped.inner_text() == "Updates stopped: this task no longer exists"
     assert page.locator(".dtp-live-retry").is_visible()
 
     # The overview: a card counts the new task, once the tab is shown again.
@@ -629,9 +639,8 @@ def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_mo
     selected.check()
     assert "1 of 2 selected" in page.locator(".action-counter").inner_text()
     tasks.add.enqueue(8, 9)
-    poll_once()
+    refreshed_until("() => !!document.querySelector('#dtp-live-list .dtp-live-notice')")
     notice = page.locator("#dtp-live-list .dtp-live-notice")
-    notice.wait_for()
     assert "1 new, 0 changed, 0 no longer on it" in notice.inner_text()
     assert selected.is_checked()
     assert "1 of 2 selected" in page.locator(".action-counter").inner_text()

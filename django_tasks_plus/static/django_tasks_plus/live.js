@@ -94,6 +94,7 @@
     var toggle = bar.querySelector(".dtp-live-toggle");
     var toggleLabel = bar.querySelector(".dtp-live-label");
     var status = bar.querySelector(".dtp-live-status");
+    var alert = bar.querySelector(".dtp-live-alert"); // role=alert: only a stop is announced
     var retry = bar.querySelector(".dtp-live-retry");
     var paused = storedPause();
     var timer = null;
@@ -112,8 +113,9 @@
       toggle.setAttribute("aria-pressed", paused ? "false" : "true");
       toggleLabel.textContent = paused ? label("paused") : label("live");
       retry.hidden = stopped === null;
+      alert.textContent = stopped === null ? "" : format(label("stopped"), {reason: stopped});
       if (stopped !== null) {
-        status.textContent = format(label("stopped"), {reason: stopped});
+        status.textContent = "";
       } else if (paused) {
         status.textContent = "";
       } else if (document.visibilityState !== "visible") {
