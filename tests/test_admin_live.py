@@ -156,6 +156,12 @@ def test_the_task_page_follows_its_task(admin_client):
     assert "web-1:42:abc" in after["dtp-live-attempts"]
 
 
+def test_the_live_views_only_answer_gets(admin_client):
+    record = tasks.add.enqueue(1, 2)
+    for url in (overview_live(), task_live(record.id), list_live()):
+        assert admin_client.post(url).status_code == 405, url
+
+
 def test_a_deleted_task_stops_its_page_with_a_reason(admin_client):
     record = tasks.add.enqueue(1, 2)
     TaskRecord.objects.filter(pk=record.id).delete()

@@ -24,7 +24,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from .. import compat
 from ..breaker import split_scoped_key
@@ -157,6 +157,11 @@ def _row_token(record: TaskRecord) -> str:
         record.queue_name,
         getattr(record, "blocker", None),
     )
+
+
+def _live(view: Any) -> Any:
+    """A live page's JSON view: read-only GETs (no CSRF token to send), never cached."""
+    return require_GET(never_cache(view))
 
 
 def _is_dead_view(request: HttpRequest) -> bool:
@@ -766,14 +771,14 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             path("overview/", wrap(self.overview_view), name=overview.URL_NAME),
             path(
                 "overview/live/",
-                wrap(never_cache(self.overview_live_view)),
+                wrap(_live(self.overview_live_view)),
                 name=overview.LIVE_URL_NAME,
             ),
-            path("live/", wrap(never_cache(self.live_list_view)), name=LIVE_LIST),
+            path("live/", wrap(_live(self.live_list_view)), name=LIVE_LIST),
             path("dead-letters/", wrap(self.dead_letters_view), name=DEAD_LETTERS),
             path(
                 "dead-letters/live/",
-                wrap(never_cache(self.live_dead_letters_view)),
+                wrap(_live(self.live_dead_letters_view)),
                 name=LIVE_DEAD_LETTERS,
             ),
             path(
@@ -786,7 +791,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                 wrap(self.list_matching_view),
                 name=LIST_MATCHING,
             ),
-            path("<path:object_id>/live/", wrap(never_cache(self.live_task_view)), name=LIVE_TASK),
+            path("<path:object_id>/live/", wrap(_live(self.live_task_view)), name=LIVE_TASK),
             path(
                 "<path:object_id>/act/<str:operation>/",
                 wrap(require_POST(self.act_view)),
