@@ -582,10 +582,22 @@ def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_mo
     page.goto(f"{base}{ADMIN}taskrecord/{watched.id}/change/")
     assert toggle.inner_text() == "Live ●" and toggle.get_attribute("aria-pressed") == "true"
     page.evaluate("() => { window.dtpMarker = 1; }")
+    # While the operator has the id selected (to copy it), its region waits.
+    page.evaluate(
+        "() => getSelection().selectAllChildren(document.querySelector('.field-id .readonly'))"
+    )
     now = timezone.now()
     TaskRecord.objects.filter(pk=watched.id).update(
         status=TaskResultStatus.RUNNING, attempt=1, started_at=now, last_attempted_at=now
     )
+    assert "Run now" in page.locator("#dtp-live-actions").text_content()
+    # The buttons refresh (a RUNNING task cannot be run now); the fields wait.
+    refreshed_until(
+        "() => !document.querySelector('#dtp-live-actions').textContent.includes('Run now')"
+    )
+    assert status_line.locator(".dtp-badge-ready").count() == 1
+    assert page.evaluate("() => getSelection().toString()") == str(watched.id)
+    page.evaluate("() => getSelection().removeAllRanges()")
     refreshed_until("() => !!document.querySelector('.field-status_line .dtp-badge-running')")
     assert "Cancel task" in page.locator("#dtp-live-actions").text_content()
 

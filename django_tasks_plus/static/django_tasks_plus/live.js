@@ -7,8 +7,8 @@
  * elements marked data-dtp-live-region are replaced. Polling pauses with the button (the
  * choice is kept in localStorage, for every live page), while the tab is hidden, and
  * after repeated failures (then the bar says why and offers a retry). A region holding
- * the field the user is typing in is left for the next round; open tracebacks stay open,
- * focus and the scroll position stay where they were.
+ * the field the user is typing in, or text they selected, is left for a later round;
+ * open tracebacks stay open, focus and the scroll position stay where they were.
  */
 (function () {
   "use strict";
@@ -57,9 +57,15 @@
     return Array.prototype.indexOf.call(region.querySelectorAll(FOCUSABLE), active);
   }
 
-  function typingIn(region) {
+  // The user types in a field of the region, or has selected some of its text (to copy
+  // an id, say): leave it for a later round.
+  function inUse(region) {
     var active = document.activeElement;
-    return !!active && region.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName);
+    if (active && region.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) {
+      return true;
+    }
+    var selection = window.getSelection();
+    return !!selection && !selection.isCollapsed && region.contains(selection.anchorNode);
   }
 
   function replace(region, html) {
@@ -150,8 +156,8 @@
         if (!region || !region.hasAttribute("data-dtp-live-region") || applied[id] === html) {
           return;
         }
-        if (typingIn(region)) {
-          return; // never under the user's cursor: the next round will do
+        if (inUse(region)) {
+          return; // never under the user's cursor: a later round will do
         }
         replace(region, html);
         applied[id] = html;
