@@ -36,7 +36,6 @@ class TasksPlusConfig(AppConfig):
     def __init__(self, app_name: str, app_module: Any) -> None:
         super().__init__(app_name, app_module)
         self._owned_lock = threading.Lock()
-        self._exit_flush = False
 
     def _owned(self, attribute: str, build: Callable[[], T]) -> T:
         try:
@@ -88,6 +87,7 @@ class TasksPlusConfig(AppConfig):
         from .checks import register_checks
         from .circuits import breaker_middleware_for
         from .metrics import install
+        from .metrics.breakers import install_counters as install_breaker_counters
         from .schedules.feature import install as install_schedules
         from .worker.metrics_flusher import metrics_service_factory
         from .worker.pruner import pruner_factory
@@ -99,8 +99,28 @@ class TasksPlusConfig(AppConfig):
         extensions.service_factories.register(pruner_factory, builtin=True)
         register_checks()
         install_schedules()  # before install(): its counters are counted too
+        install_breaker_counters()
         # Count the lifecycle events when a backend keeps metrics (docs/metrics.md).
         install()
-        if not self._exit_flush:  # what is left is written when the process exits
-            atexit.register(self.aggregator.flush_at_exit)
-            self._exit_flush = True
+        _flush_at_exit_once()  # what is left is written when the process exits
+
+
+_exit_flush_registered = False
+
+
+def _flush_at_exit_once() -> None:
+    """One exit-time flush per process, of the app installed at exit. An app config
+    replaced meanwhile (a test that installs the app anew) is not flushed: its counts
+    belong to a configuration that is gone, and its database may be gone with it."""
+    global _exit_flush_registered
+    if not _exit_flush_registered:
+        atexit.register(_flush_installed_app)
+        _exit_flush_registered = True
+
+
+def _flush_installed_app() -> None:
+    from .registries import installed_app
+
+    config = installed_app()
+    if config is not None:
+        config.aggregator.flush_at_exit()

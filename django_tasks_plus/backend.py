@@ -389,7 +389,11 @@ class DatabaseBackend(compat.BaseTaskBackend):
         record = self._record(result_id)
         clear = run_keys()  # per-run metadata ends with the run
         if not redrive(
-            self.settings.database, str(record.pk), timezone.now(), clear_metadata=clear
+            self.settings.database,
+            str(record.pk),
+            timezone.now(),
+            clear_metadata=clear,
+            queue=self._wakes(record),
         ):
             return False
         self._event_on_commit(events.TASK_REDRIVEN, record)
@@ -402,7 +406,9 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import run_now
 
         record = self._record(result_id)
-        return run_now(self.settings.database, str(record.pk), attempt=attempt)
+        return run_now(
+            self.settings.database, str(record.pk), attempt=attempt, queue=self._wakes(record)
+        )
 
     def delete(self, result_id: str) -> bool:
         """Delete a task that is not RUNNING (waiting or finished); False if it runs."""
@@ -416,10 +422,15 @@ class DatabaseBackend(compat.BaseTaskBackend):
         from .db.store import discard
 
         record = self._record(result_id)
-        if not discard(self.settings.database, str(record.pk)):
+        if not discard(self.settings.database, str(record.pk), queue=self._wakes(record)):
             return False
         self._event_on_commit(events.TASK_DISCARDED, record)
         return True
+
+    def _wakes(self, record: Any) -> str | None:
+        """The queue whose workers an operation that makes ``record`` due wakes (none
+        with ``NOTIFY`` off: workers poll)."""
+        return record.queue_name if self.settings.notify else None
 
     def _event_on_commit(self, name: str, record: Any) -> None:
         """Emit an operation's event once its write commits (at once in autocommit)."""

@@ -84,8 +84,12 @@ _METRICS_DEFAULTS: dict[str, Any] = {
     "ENABLED": True,
     # Seconds between two writes of a worker's counts (one upsert statement each).
     "FLUSH_INTERVAL": 10.0,
-    # Per-minute rows older than this are deleted by the leader; the all-time totals stay.
-    "RETENTION_DAYS": 7,
+    # Per-minute rows older than this are summed into hourly rows by the leader (and the
+    # minutes deleted); the all-time totals stay. Flush keys are kept as long.
+    "RETENTION_DAYS": 1,
+    # Hourly rows older than this are deleted by the leader (at least RETENTION_DAYS; left
+    # out, it is never below RETENTION_DAYS).
+    "HOURLY_RETENTION_DAYS": 90,
     # The bearer token that may read the Prometheus endpoint; None: staff sessions only.
     "TOKEN": None,
 }
@@ -102,6 +106,7 @@ class MetricsSettings:
     enabled: bool = _METRICS_DEFAULTS["ENABLED"]
     flush_interval: float = _METRICS_DEFAULTS["FLUSH_INTERVAL"]
     retention: timedelta = timedelta(days=_METRICS_DEFAULTS["RETENTION_DAYS"])
+    hourly_retention: timedelta = timedelta(days=_METRICS_DEFAULTS["HOURLY_RETENTION_DAYS"])
     token: str | None = field(default=_METRICS_DEFAULTS["TOKEN"], repr=False)
 
 
@@ -396,17 +401,31 @@ def metrics_settings(alias: str, value: Any) -> MetricsSettings:
             subkey="TOKEN",
         )
     numbers = {}
-    for key in ("FLUSH_INTERVAL", "RETENTION_DAYS"):
+    for key in ("FLUSH_INTERVAL", "RETENTION_DAYS", "HOURLY_RETENTION_DAYS"):
         problem = positive_seconds_problem(merged[key])
         if problem:
-            if key == "RETENTION_DAYS":
+            if key != "FLUSH_INTERVAL":
                 problem = problem.replace("seconds", "days")
             raise _fail(alias, "METRICS", f"{problem}.", subkey=key)
         numbers[key] = float(merged[key])
+    if "HOURLY_RETENTION_DAYS" not in value:  # the default never undercuts the minutes'
+        numbers["HOURLY_RETENTION_DAYS"] = max(
+            numbers["HOURLY_RETENTION_DAYS"], numbers["RETENTION_DAYS"]
+        )
+    elif numbers["HOURLY_RETENTION_DAYS"] < numbers["RETENTION_DAYS"]:
+        raise _fail(
+            alias,
+            "METRICS",
+            f"must be at least RETENTION_DAYS ({merged['RETENTION_DAYS']!r}): minutes older "
+            f"than that are summed into hourly rows, which would be deleted at once; got "
+            f"{merged['HOURLY_RETENTION_DAYS']!r}.",
+            subkey="HOURLY_RETENTION_DAYS",
+        )
     return MetricsSettings(
         enabled=enabled,
         flush_interval=numbers["FLUSH_INTERVAL"],
         retention=timedelta(days=numbers["RETENTION_DAYS"]),
+        hourly_retention=timedelta(days=numbers["HOURLY_RETENTION_DAYS"]),
         token=token,
     )
 

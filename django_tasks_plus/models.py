@@ -220,7 +220,8 @@ class WorkerRecord(models.Model):
     ``visibility_timeout`` is the worker's own (``--visibility-timeout`` may differ from
     the backend's and from other workers'): it beats every third of it, so its silence is
     judged by it (alive or stale, and when the leader may delete the row). A worker whose
-    row was deleted all the same inserts it again on its next heartbeat.
+    row was deleted all the same inserts it again on its next heartbeat. The counters and
+    ``leader_since`` are as of the last heartbeat.
     """
 
     worker_id = models.CharField(_("worker id"), max_length=WORKER_ID_MAX_LENGTH, primary_key=True)
@@ -236,6 +237,34 @@ class WorkerRecord(models.Model):
         default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
         db_default=DEFAULT_WORKER_VISIBILITY_TIMEOUT,
         help_text=_("Seconds; the worker's heartbeat comes every third of it."),
+    )
+    # Written at registration (version) and by each heartbeat, in the UPDATE that touches
+    # last_heartbeat_at: no write of their own. db_default keeps adding them cheap.
+    version = models.CharField(
+        _("version"),
+        max_length=40,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("The django-tasks-plus version the worker runs; empty if unknown."),
+    )
+    tasks_processed = models.PositiveBigIntegerField(
+        _("processed"),
+        default=0,
+        db_default=0,
+        help_text=_("Attempts this worker finished since it started: succeeded or failed."),
+    )
+    tasks_failed = models.PositiveBigIntegerField(
+        _("failed"),
+        default=0,
+        db_default=0,
+        help_text=_("Of those, the attempts that failed (retry scheduled or dead-lettered)."),
+    )
+    leader_since = models.DateTimeField(
+        _("leader since"),
+        null=True,
+        blank=True,
+        help_text=_("When it became the leader of its backend; empty while a follower."),
     )
 
     class Meta:
@@ -312,7 +341,8 @@ class MetricRecord(models.Model):
 
     Workers add to these rows in one upsert per flush, never one write per task. The row
     whose ``minute`` is the epoch (``metrics.catalog.ALL_TIME``) holds the all-time total
-    that the Prometheus endpoint serves; the leader deletes minutes past the retention.
+    that the Prometheus endpoint serves; the leader moves minutes past the retention into
+    their hours' rows (``MetricHour``).
     """
 
     backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
@@ -335,6 +365,38 @@ class MetricRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.queue_name} {self.task_path} {self.name}"
+
+
+class MetricHour(models.Model):
+    """One number of one clock hour (UTC): the sum of that hour's per-minute rows once
+    they are older than ``METRICS["RETENTION_DAYS"]`` (``db/metrics.py``,
+    ``roll_up_minutes``).
+
+    The leader's pruner moves minutes here in one transaction per batch (their sum added,
+    the minutes deleted), so a count is in exactly one of the two tables at any time; the
+    metrics reads add both. Kept ``METRICS["HOURLY_RETENTION_DAYS"]``.
+    """
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    hour = models.DateTimeField(_("hour"))
+    queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
+    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
+    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
+    value = models.BigIntegerField(_("value"), default=0)
+
+    class Meta:
+        verbose_name = _("hourly metric")
+        verbose_name_plural = _("hourly metrics")
+        constraints = [
+            # The rollup's upsert target; also serves reads of a window of hours.
+            models.UniqueConstraint(
+                fields=["backend_name", "hour", "queue_name", "task_path", "name"],
+                name="dtp_metric_unique_hour",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.queue_name} {self.task_path} {self.name}"
 
 
 class MetricFlush(models.Model):

@@ -22,15 +22,19 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from .compat import TaskResultStatus
+from .db.json_search import JsonContains
 from .models import TaskRecord
 from .stored import error_list
+
+if TYPE_CHECKING:
+    from .search import Term
 
 CHUNK = 500
 SHORT_ID = 8  # the admin shows the first 8 characters of a task's id
@@ -120,6 +124,23 @@ def with_id_prefix(rows: QuerySet[TaskRecord], prefix: str) -> QuerySet[TaskReco
     low = uuid.UUID(prefix.ljust(32, "0"))
     high = uuid.UUID(prefix.ljust(32, "f"))
     return rows.filter(pk__gte=low, pk__lte=high)
+
+
+def with_search(rows: QuerySet[TaskRecord], terms: Iterable[Term]) -> QuerySet[TaskRecord]:
+    """``rows`` matching every search term (``search.parse_search``): an id prefix walks
+    the primary key; ``arg:``, ``kwarg:`` and ``meta:`` are JSON containment
+    (``db/json_search.py``); ``dedup:`` is the task's dedup key; text is in the task path."""
+    columns = {"arg": "args", "kwarg": "kwargs", "meta": "metadata"}
+    for term in terms:
+        if term.kind == "id":
+            rows = with_id_prefix(rows, term.value)
+        elif term.kind == "task":
+            rows = rows.filter(task_path__icontains=term.value)
+        elif term.kind == "dedup":
+            rows = rows.filter(dedup_key=term.value)
+        else:
+            rows = rows.filter(JsonContains(columns[term.kind], term.value, key=term.key))
+    return rows
 
 
 def resolve_task_ids(texts: Sequence[str], backend: str, database: str) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the test matrix of tox.ini, one environment after another, and print a summary.
+# Run the test matrix of tox.ini (one environment after another, or TEST_JOBS side by side)
+# and print a summary.
 # tox.ini owns the combinations (Python, Django, extras, databases, environment
 # variables); this script does only what tox cannot:
 #   - install tox (into .venv-tox; needs only Python and git),
@@ -30,6 +31,12 @@
 #   REQUIRE_POSTGRES=1  an unreachable PostgreSQL is an error rather than a skip
 #   ALLOW_NO_TESTS=1    a run that collects no tests (pytest exit 5) counts as passed
 #   CI=true          a combination whose Python cannot be found is an error
+#   TEST_JOBS        environments run side by side (default 1: one after another). With
+#                    2, every environment is installed first, one after another, then
+#                    the runs share two lanes, longest first; each run's output goes to
+#                    its log only, and a failed run's log tail is printed at the end.
+#                    Environments never share a database (tox.ini), so only the machine
+#                    is shared: timing tests must hold on a loaded machine anyway.
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -173,6 +180,7 @@ unset DATABASE_URL
 # ---------------------------------------------------------------------------------
 
 declare -a ROWS=()
+declare -a FAILED_LOGS=()
 FAILED=0
 RAN=0
 TOTAL_PASSED=0
@@ -188,7 +196,7 @@ summary_count() {
 
 run_env() { # env
     local env=$1
-    local log="$LOG_DIR/$env.log" start rc summary status detail pyver djver
+    local log="$LOG_DIR/$env.log" start rc
     local -a cmd=("${TOX[@]}" run -e "$env" --)
     [[ -t 1 ]] && cmd+=(--color=yes)
     cmd+=("${EXTRA_ARGS[@]}")
@@ -202,6 +210,35 @@ run_env() { # env
     start=$SECONDS
     "${cmd[@]}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
+    record_run "$env" "$rc" "$((SECONDS - start))"
+}
+
+# One lane of TEST_JOBS: its environments one after another, already installed, output
+# to their logs; each writes "rc seconds" to its .rc file for record_run.
+run_lane() { # env...
+    local env start rc
+    for env in "$@"; do
+        start=$SECONDS
+        "${TOX[@]}" run -e "$env" --skip-pkg-install -- "${EXTRA_ARGS[@]}" \
+            >"$LOG_DIR/$env.log" 2>&1
+        rc=$?
+        echo "$rc $((SECONDS - start))" >"$LOG_DIR/$env.rc"
+        echo "   $env finished: exit $rc after $((SECONDS - start)) s"
+    done
+}
+
+# The usual duration of an environment, to balance the lanes (longest first).
+env_weight() {
+    case $1 in
+    *-postgres) echo 700 ;;
+    *-sqlite) echo 450 ;;
+    *) echo 120 ;;
+    esac
+}
+
+record_run() { # env rc seconds
+    local env=$1 rc=$2 seconds=$3
+    local log="$LOG_DIR/$env.log" summary status detail pyver djver
     RAN=$((RAN + 1))
 
     pyver=$(".tox/$env/bin/python" -c 'import platform; print(platform.python_version())' \
@@ -243,7 +280,8 @@ run_env() { # env
         FAILED=$((FAILED + 1))
         ;;
     esac
-    add_row "$env" "$pyver" "$djver" "$status" "$((SECONDS - start))s" "$detail"
+    add_row "$env" "$pyver" "$djver" "$status" "${seconds}s" "$detail"
+    if [[ $status == FAIL ]]; then FAILED_LOGS+=("$log"); fi
 }
 
 # Find every interpreter first, so that tox sees all of them on PATH. PLAN keeps the
@@ -286,16 +324,79 @@ for combo in "${COMBOS[@]}"; do
 done
 export PATH
 
-# One after another, never in parallel: the tests start real worker processes.
+JOBS=${TEST_JOBS:-1}
+if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
+    echo "TEST_JOBS must be a whole number of 1 or more, not '$JOBS'" >&2
+    exit 2
+fi
+declare -a RUNNABLE=()
 for entry in "${PLAN[@]}"; do
     IFS='|' read -r env result detail <<<"$entry"
     if [[ -z $result ]]; then
-        run_env "$env"
+        RUNNABLE+=("$env")
         continue
     fi
     [[ $result == FAIL ]] && FAILED=$((FAILED + 1))
     add_row "$env" "-" "-" "$result" "-" "$detail"
 done
+
+if ((JOBS == 1 || ${#RUNNABLE[@]} < 2)); then
+    for env in "${RUNNABLE[@]}"; do
+        run_env "$env"
+    done
+else
+    mkdir -p "$LOG_DIR"
+    echo
+    hr
+    echo "== installing ${RUNNABLE[*]} (one after another: they share tox's package build)"
+    hr
+    for env in "${RUNNABLE[@]}"; do
+        if ! "${TOX[@]}" run -e "$env" --notest >"$LOG_DIR/$env.install.log" 2>&1; then
+            echo "   $env could not be installed: see ${LOG_DIR#"$DTP_ROOT"/}/$env.install.log"
+            tail -n 30 "$LOG_DIR/$env.install.log"
+        fi
+    done
+    # Longest first, each to the lane with the least work so far.
+    declare -a LANES=() LOADS=()
+    for ((i = 0; i < JOBS; i++)); do LANES[i]=""; LOADS[i]=0; done
+    while read -r _weight env; do
+        best=0
+        for ((i = 1; i < JOBS; i++)); do ((LOADS[i] < LOADS[best])) && best=$i; done
+        LANES[best]+=" $env"
+        LOADS[best]=$((LOADS[best] + $(env_weight "$env")))
+    done < <(for env in "${RUNNABLE[@]}"; do echo "$(env_weight "$env") $env"; done | sort -rn)
+    echo
+    hr
+    echo "== running in $JOBS lanes (logs in ${LOG_DIR#"$DTP_ROOT"/}/):"
+    for ((i = 0; i < JOBS; i++)); do [[ -n ${LANES[i]} ]] && echo "   lane $((i + 1)):${LANES[i]}"; done
+    hr
+    declare -a LANE_PIDS=()
+    for ((i = 0; i < JOBS; i++)); do
+        [[ -n ${LANES[i]} ]] || continue
+        # shellcheck disable=SC2086  # the lane's names are words
+        run_lane ${LANES[i]} &
+        LANE_PIDS+=($!)
+    done
+    trap 'kill "${LANE_PIDS[@]}" 2>/dev/null; echo; echo "Interrupted."; exit 130' INT TERM
+    wait "${LANE_PIDS[@]}"
+    trap 'echo; echo "Interrupted."; exit 130' INT TERM
+    for env in "${RUNNABLE[@]}"; do
+        if [[ -f $LOG_DIR/$env.rc ]]; then
+            read -r rc seconds <"$LOG_DIR/$env.rc"
+            rm -f "$LOG_DIR/$env.rc"
+        else
+            rc=1 seconds=0
+        fi
+        record_run "$env" "$rc" "$seconds"
+    done
+    for log in "${FAILED_LOGS[@]}"; do
+        echo
+        hr
+        echo "== the end of ${log#"$DTP_ROOT"/}"
+        hr
+        tail -n 80 "$log"
+    done
+fi
 
 # ---------------------------------------------------------------------------------
 # Summary

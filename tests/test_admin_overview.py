@@ -15,6 +15,8 @@ from django.utils import timezone
 
 from django_tasks_plus import circuits, metrics
 from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.db.metrics import add_metrics, roll_up_minutes
+from django_tasks_plus.metrics.catalog import ALL_TIME
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from tests import tasks
 
@@ -57,12 +59,11 @@ def test_empty_overview_shows_zeros_and_empty_charts(admin_client):
     assert [(row["p50"], row["p95"]) for row in context["latency"]] == [("-", "-"), ("-", "-")]
     charts = svgs(response)
     assert [c.get("id") for c in charts] == [
-        "dtp-chart-hour",
-        "dtp-chart-day",
+        "dtp-chart-throughput",
         "dtp-chart-wait",
         "dtp-chart-run",
     ]
-    assert response.content.decode().count("No data in this window") == 4
+    assert response.content.decode().count("No data in this window") == 3
     assert "Every circuit is closed." in response.content.decode()
 
 
@@ -121,9 +122,10 @@ def test_overview_with_a_real_worker_run(admin_client, run_worker):
 
     page = response.content.decode()
     assert "No data in this window" not in page
-    hour_chart, day_chart, wait_chart, run_chart = svgs(response)
+    hour_chart, wait_chart, run_chart = svgs(response)
     ns = "{http://www.w3.org/2000/svg}"
     assert "succeeded 3, failed 3" in hour_chart.find(f"{ns}desc").text
+    day_chart = svgs(overview(admin_client, "?range=1d"))[0]
     assert "succeeded 3, failed 3" in day_chart.find(f"{ns}desc").text
     ok = [r for r in hour_chart.iter(f"{ns}rect") if r.get("class") == "dtp-chart-ok"]
     failed = [r for r in hour_chart.iter(f"{ns}rect") if r.get("class") == "dtp-chart-failed"]
@@ -244,3 +246,89 @@ def test_who_may_see_the_overview(role, expected, django_user_model):
     else:
         assert response.status_code == expected
     assert "dtp-chart" not in response.content.decode() or expected == 200
+
+
+# -- chart ranges and filters (admin/overview_charts.py) ------------------------------------
+
+
+def _bars(chart: ET.Element) -> list[str]:
+    """Each bar's tooltip (``label: succeeded N, failed M (unit)``), in order."""
+    ns = "{http://www.w3.org/2000/svg}"
+    return [g.find(f"{ns}title").text for g in chart.iter(f"{ns}g")]
+
+
+def _counts(queue: str, task_path: str, minute, succeeded: int, failed: int = 0) -> list:
+    return [
+        ("default", minute, queue, task_path, "succeeded", succeeded),
+        ("default", minute, queue, task_path, "attempt_failed", failed),
+    ]
+
+
+@pytest.mark.parametrize(("key", "bars"), [("1h", 60), ("6h", 72), ("1d", 72), ("7d", 84)])
+def test_each_range_draws_its_bars_from_minutes_and_hours(admin_client, key, bars):
+    """Counts an hour ago, 5 hours ago, and two days ago (rolled up into an hourly row by
+    the pruner's rollup): each range draws what lies in its window, in its bars."""
+    now = timezone.now().replace(second=0, microsecond=0)
+    rows = [
+        *_counts("default", "tests.tasks.add", now - timedelta(minutes=10), 1, 1),
+        *_counts("default", "tests.tasks.add", now - timedelta(hours=5), 10),
+        *_counts("emails", "tests.tasks.echo", now - timedelta(days=2), 100, 7),
+    ]
+    add_metrics("default", rows)
+    assert roll_up_minutes("default", "default", now - timedelta(days=1), ALL_TIME, 100) == 2
+    expected = {"1h": (1, 1), "6h": (11, 1), "1d": (11, 1), "7d": (111, 8)}[key]
+
+    response = overview(admin_client, f"?range={key}")
+    assert response.status_code == 200
+    throughput, wait, run = svgs(response)
+    assert run.get("id") == "dtp-chart-run"
+    assert throughput.get("id") == "dtp-chart-throughput"
+    assert len(_bars(throughput)) == bars
+    ns = "{http://www.w3.org/2000/svg}"
+    ok, failed = expected
+    assert f"succeeded {ok}, failed {failed} attempts" in throughput.find(f"{ns}desc").text
+    label = {"1h": "last hour", "6h": "last 6 hours", "1d": "last day", "7d": "last week"}[key]
+    assert throughput.find(f"{ns}title").text.endswith(label)
+    assert wait.find(f"{ns}title").text == f"Wait from due to start, {label}"
+    page = response.content.decode()
+    assert f'<strong aria-current="page">{label}</strong>' in page
+    assert page.count("data-range=") == 3  # the other ranges are links
+
+
+def test_the_charts_filter_by_queue_and_task_and_the_links_keep_the_filters(admin_client):
+    now = timezone.now().replace(second=0, microsecond=0)
+    add_metrics(
+        "default",
+        [
+            *_counts("default", "tests.tasks.add", now - timedelta(minutes=3), 2, 1),
+            *_counts("emails", "tests.tasks.echo", now - timedelta(minutes=3), 30),
+            *_counts("emails", "tests.tasks.add", now - timedelta(minutes=3), 400),
+        ],
+    )
+    ns = "{http://www.w3.org/2000/svg}"
+
+    def described(query: str) -> str:
+        response = overview(admin_client, query)
+        assert response.status_code == 200
+        return svgs(response)[0].find(f"{ns}desc").text
+
+    assert "succeeded 432, failed 1" in described("")
+    assert "succeeded 430, failed 0" in described("?queue=emails")
+    assert "succeeded 402, failed 1" in described("?task=tests.tasks.add")
+    assert "succeeded 400, failed 0" in described("?queue=emails&task=tests.tasks.add&range=6h")
+    assert "succeeded 0, failed 0" in described("?queue=nowhere")  # no data, no error
+    page = overview(admin_client, "?queue=emails&task=tests.tasks.add").content.decode()
+    assert "Attempts per minute, last hour (queue emails, task tests.tasks.add)" in page
+    assert 'href="?range=7d&amp;queue=emails&amp;task=tests.tasks.add"' in page
+    assert '<option value="emails" selected>' in page
+
+
+def test_a_bad_range_or_filter_is_named_and_the_default_drawn(admin_client):
+    response = overview(admin_client, "?range=1y&queue=" + "q" * 300)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "There is no chart range &#x27;1y&#x27;; choose one of: 1h, 6h, 1d, 7d." in page
+    assert "is not one (at most 100 characters" in page
+    assert page.count('class="errornote"') == 2
+    throughput = svgs(response)[0]
+    assert len(_bars(throughput)) == 60  # the last hour's

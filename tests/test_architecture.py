@@ -28,7 +28,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("worker", ("worker", "schedules.service", "schedules.feature")),
     (
         "backend and app API",
-        ("backend", "operations", "context", "circuits", "selection", "metrics", "schedules"),
+        (
+            "backend",
+            "operations",
+            "context",
+            "circuits",
+            "selection",
+            "search",
+            "metrics",
+            "schedules",
+        ),
     ),
     ("enqueue and results", ("envelope", "results", "finished")),
     (

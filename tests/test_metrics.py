@@ -80,20 +80,44 @@ def test_metrics_settings_defaults_and_validation():
     defaults = parse_settings("default", {}).metrics
     assert defaults.enabled is True
     assert defaults.flush_interval == 10.0
-    assert defaults.retention == timedelta(days=7)
+    assert defaults.retention == timedelta(days=1)
+    assert defaults.hourly_retention == timedelta(days=90)
     assert defaults.token is None
     chosen = parse_settings(
         "a", {"OPTIONS": {"METRICS": {"RETENTION_DAYS": 1.5, "TOKEN": "t", "ENABLED": False}}}
     ).metrics
     assert (chosen.retention, chosen.token, chosen.enabled) == (timedelta(hours=36), "t", False)
+    hours = parse_settings("a", {"OPTIONS": {"METRICS": {"HOURLY_RETENTION_DAYS": 2}}}).metrics
+    assert hours.hourly_retention == timedelta(days=2)
+    # Left out, the hours' retention never undercuts the minutes' (a 120-day setting
+    # from before hourly rows keeps its meaning); given, it must not.
+    long = parse_settings("a", {"OPTIONS": {"METRICS": {"RETENTION_DAYS": 120}}}).metrics
+    assert long.hourly_retention == timedelta(days=120)
+    with pytest.raises(
+        InvalidBackendOptions,
+        match=r"\['HOURLY_RETENTION_DAYS'\] must be at least RETENTION_DAYS \(3\).*got 2",
+    ):
+        parse_settings(
+            "a", {"OPTIONS": {"METRICS": {"RETENTION_DAYS": 3, "HOURLY_RETENTION_DAYS": 2}}}
+        )
     bad = {
         "RETENTON_DAYS": r"unknown key 'RETENTON_DAYS'\. Did you mean 'RETENTION_DAYS'\?",
         "ENABLED": r"\['ENABLED'\] must be True or False, got 'yes'",
         "TOKEN": r"\['TOKEN'\] must be None .* or a non-empty string, got ' '",
         "FLUSH_INTERVAL": r"\['FLUSH_INTERVAL'\] must be a positive number of seconds, got 0",
         "RETENTION_DAYS": r"\['RETENTION_DAYS'\] must be a positive number of days, got -1",
+        "HOURLY_RETENTION_DAYS": r"\['HOURLY_RETENTION_DAYS'\] must be a positive number of "
+        r"days, got -1",
+        "HOURLY_RETENTON_DAYS": r"unknown key 'HOURLY_RETENTON_DAYS'\. Did you mean "
+        r"'HOURLY_RETENTION_DAYS'\?",
     }
-    values = {"RETENTON_DAYS": 3, "ENABLED": "yes", "TOKEN": " ", "FLUSH_INTERVAL": 0}
+    values = {
+        "RETENTON_DAYS": 3,
+        "HOURLY_RETENTON_DAYS": 3,
+        "ENABLED": "yes",
+        "TOKEN": " ",
+        "FLUSH_INTERVAL": 0,
+    }
     for key, message in bad.items():
         value = values.get(key, -1)
         with pytest.raises(InvalidBackendOptions, match=message):

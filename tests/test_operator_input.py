@@ -149,7 +149,8 @@ BAD_QUERIES = {
     "queue_name=emails&bogus=1": "bogus: not a filter of this page",
     "queue_name=emails&queue_name=default": "queue_name: given 2 times; give it once.",
     "finished_to=2026-13-45": "finished_to: '2026-13-45' is not a time",
-    "q=not-an-id": "q: 'not-an-id' is not a task id",
+    "q=meta:tenant=acme": "q: meta:tenant=acme: 'acme' is not a JSON value",
+    "q=id:0f0e0d": "q: id:0f0e0d: '0f0e0d' is too short for a task id",
 }
 
 

@@ -115,3 +115,37 @@ def test_claim_plan_uses_the_partial_claim_index():
     assert "dtp_task_claim_idx" in plan, plan
     assert f"Seq Scan on {table} candidate" not in plan, plan
     assert TaskRecord.objects.filter(status=TaskResultStatus.READY).count() == 5_000
+
+
+def test_operator_actions_wake_an_idle_worker(start_worker, tmp_path):
+    """Run now, redrive and discard make a task due now: NOTIFY starts it at once, not
+    at the next poll (60 s here)."""
+    from django.utils import timezone
+
+    from django_tasks_plus import operations
+
+    worker = start_worker("--worker-id", "woken", "--poll-interval", "60", "--max-tasks", "3")
+    wait_for(lambda: WorkerRecord.objects.filter(worker_id="woken").exists())
+    wait_for(lambda: "LISTEN" in _listeners(), timeout=10)
+
+    def succeeded(task_id: str) -> bool:
+        return TaskRecord.objects.get(pk=task_id).status == TaskResultStatus.SUCCESSFUL
+
+    hour = timezone.now() + timezone.timedelta(hours=1)
+    later = tasks.add.using(run_after=hour).enqueue(1, 2)
+    assert operations.run_now(later)
+    wait_for(lambda: succeeded(later.id), timeout=15)
+
+    # Dead without having run (a worker must not take them before they are made so).
+    dead = tasks.add.using(run_after=hour).enqueue(3, 4)
+    blocker = tasks.add.using(run_after=hour, ordering_key="acct").enqueue(0, 0)
+    TaskRecord.objects.filter(pk__in=[dead.id, blocker.id]).update(
+        status=TaskResultStatus.FAILED, ordering_blocked=True
+    )
+    follower = tasks.add.using(ordering_key="acct").enqueue(5, 6)
+
+    assert operations.redrive(dead)
+    wait_for(lambda: succeeded(dead.id), timeout=15)
+    assert operations.discard(blocker)
+    wait_for(lambda: succeeded(follower.id), timeout=15)
+    assert worker.wait(timeout=20) == 0, worker_log(tmp_path)

@@ -20,7 +20,8 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from .. import compat
-from ..selection import BadFilter, Parameter, id_prefix, parse_moment
+from ..search import parse_search
+from ..selection import BadFilter, Parameter, parse_moment
 from ..waiting import LABELS, Reason
 
 PAGE_VAR = "p"
@@ -286,8 +287,8 @@ def _reason(value: str) -> str:
     return value
 
 
-def _search(value: str) -> str:
-    return id_prefix(value)
+def _search(value: str) -> object:
+    return parse_search(value)
 
 
 def task_list_parameters(*, dead_letters: bool) -> list[Parameter]:

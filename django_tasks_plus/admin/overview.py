@@ -1,6 +1,6 @@
 """The overview page: what is waiting, running and dead per queue, throughput and failure
 rate, latency percentiles, workers, circuits and schedules, with server-rendered SVG
-charts.
+charts over a chosen range (``overview_charts``).
 
 Everything comes from the metrics read API (``metrics/queries.py``) and
 ``circuits.breaker_states``: gauges are counted from the task table by indexed queries,
@@ -22,18 +22,15 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.formats import date_format
 from django.utils.http import urlencode
-from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
-from .. import charts, circuits, metrics
+from .. import circuits, metrics
 from ..metrics.aggregate import enabled_targets
-from ..metrics.catalog import BUCKETS
 from ..models import ScheduleRecord
 from ..operations import database_backend
 from ..waiting import LABELS, Capped, Reason
-from . import display, live
+from . import display, live, overview_charts
 from .filters import configured_backends
 
 TEMPLATE = "admin/django_tasks_plus/overview.html"
@@ -84,6 +81,7 @@ def overview_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
                 timezone.now(),
                 model_admin.admin_site.name,
                 filter_backend=len(context["backends"]) > 1,
+                chart_options=overview_charts.chart_options(request.GET),
             )
         )
         query = request.GET.urlencode()
@@ -168,17 +166,24 @@ def gauges(
         "schedules": schedule_counts(backend),
         "schedules_url": reverse(f"{site}:django_tasks_plus_schedulerecord_changelist")
         + ("?" + urlencode({"backend_name": backend}) if filter_backend else ""),
-        "metrics_enabled": backend in enabled_targets(),
     }
 
 
 def build(
-    backend: str, now: datetime, site: str = "admin", *, filter_backend: bool = False
+    backend: str,
+    now: datetime,
+    site: str = "admin",
+    *,
+    filter_backend: bool = False,
+    chart_options: overview_charts.ChartOptions | None = None,
 ) -> dict[str, Any]:
     """The page's numbers and charts for one backend, read now. ``filter_backend``: the
-    links to the task list name the backend (when there are several)."""
+    links to the task list name the backend (when there are several). ``chart_options``:
+    the charts' range and filters (``overview_charts``)."""
     context = gauges(backend, now, site, filter_backend=filter_backend)
-    if not context["metrics_enabled"]:
+    target = enabled_targets().get(backend)
+    context["metrics_enabled"] = target is not None
+    if target is None:
         return context
     windows = [
         Window(_("last hour"), 60, metrics.counter_totals(backend, HOUR, now=now)),
@@ -198,12 +203,16 @@ def build(
             }
             for kind, found in latency.items()
         ],
-        charts=[
-            _throughput_chart(backend, now, HOUR, 60, "dtp-chart-hour"),
-            # Whole clock hours: the bars of the day chart start on the hour.
-            _throughput_chart(backend, now, _hours_back(now, 23), 3600, "dtp-chart-day"),
-            *(_latency_chart(kind, found) for kind, found in latency.items()),
-        ],
+    )
+    context.update(
+        overview_charts.charts_context(
+            backend,
+            now,
+            chart_options or overview_charts.ChartOptions(),
+            queues=[row["queue"] for row in context["queues"]],
+            minutes_kept=target.metrics.retention,
+            backend_in_links=filter_backend,
+        )
     )
     return context
 
@@ -264,85 +273,3 @@ def _queue_row(queue: metrics.QueueWaiting, links: _Links) -> dict[str, Any]:
 
 def _seconds(value: float | None) -> str:
     return EMPTY if value is None else display.duration(value)
-
-
-def _hours_back(now: datetime, hours: int) -> datetime:
-    """The start of the clock hour ``hours`` before the current one (in UTC; whole-hour
-    time zones see their own hours)."""
-    return (now - timedelta(hours=hours)).replace(minute=0, second=0, microsecond=0)
-
-
-def _throughput_chart(
-    backend: str, now: datetime, since: timedelta | datetime, step: int, chart_id: str
-) -> dict[str, Any]:
-    """Succeeded and failed attempts per step, stacked."""
-    succeeded = metrics.rate_series(backend, "succeeded", since, step, now=now)
-    failed = metrics.rate_series(backend, "attempt_failed", since, step, now=now)
-    per = _("minute") if step == 60 else _("hour")
-    fmt = "H:i"
-    labels = [date_format(timezone.localtime(start), fmt) for start, _count in succeeded]
-    title = _("Attempts per minute, last hour") if step == 60 else _("Attempts per hour, last day")
-    first, last = labels[0], labels[-1]
-    description = _(
-        "Stacked bars from %(first)s to %(last)s (%(tz)s): succeeded %(ok)d, "
-        "failed %(failed)d attempts in all. The last bar is the current, partial %(per)s."
-    ) % {
-        "first": first,
-        "last": last,
-        "tz": timezone.get_current_timezone_name(),
-        "ok": sum(v for _s, v in succeeded),
-        "failed": sum(v for _s, v in failed),
-        "per": per,
-    }
-    return _chart(
-        title,
-        chart_id,
-        charts.bar_chart(
-            chart_id=chart_id,
-            title=title,
-            description=description,
-            labels=labels,
-            series=[
-                charts.Series(_("succeeded"), [v for _s, v in succeeded], "ok"),
-                charts.Series(_("failed"), [v for _s, v in failed], "failed"),
-            ],
-            unit=_("attempts / %(per)s") % {"per": per},
-        ),
-    )
-
-
-def _latency_chart(kind: str, found: metrics.Histogram) -> dict[str, Any]:
-    """How many attempts fell in each histogram bucket over the last hour."""
-    chart_id = f"dtp-chart-{kind}"
-    title = {
-        "wait": _("Wait from due to start, last hour"),
-        "run": _("Run time, last hour"),
-    }[kind]
-    labels = [charts.duration_label(b) for b in (*BUCKETS, float("inf"))]
-    description = _(
-        "Attempts per latency bucket, each bar up to the bound under it: %(count)d "
-        "observations, median %(p50)s, 95th percentile %(p95)s."
-    ) % {
-        "count": found.count,
-        "p50": _seconds(found.quantile(0.5)),
-        "p95": _seconds(found.quantile(0.95)),
-    }
-    return _chart(
-        title,
-        chart_id,
-        charts.bar_chart(
-            chart_id=chart_id,
-            title=title,
-            description=description,
-            labels=labels,
-            series=[charts.Series(_("attempts"), list(found.buckets), "primary")],
-            # Each bar counts its own bucket (above the bound before it, up to its own).
-            unit=_("attempts per bucket, by upper bound"),
-        ),
-    )
-
-
-def _chart(title: str, chart_id: str, svg: str) -> dict[str, Any]:
-    # charts.bar_chart escapes every text it writes.
-    markup: SafeString = mark_safe(svg)
-    return {"title": title, "id": chart_id, "svg": markup}

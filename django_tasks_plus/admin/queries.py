@@ -1,5 +1,6 @@
 """The admin's reads beyond its change lists: what blocks a task, the other tasks of its
-ordering key, tasks in flight per worker, planner estimates. Each is one indexed query.
+ordering key, tasks in flight per worker (and those of one worker), planner estimates.
+Each is one indexed query.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..models import TaskRecord
 from ..stored import worker_id_list
 
 SAME_KEY_SHOWN = 20
+IN_FLIGHT_SHOWN = 100  # a worker's page lists this many of its tasks, and links to all
 
 
 def blocker_of(record: TaskRecord) -> TaskRecord | None:
@@ -73,6 +75,21 @@ def in_flight(backend_names: set[str] | None = None) -> Counter[str]:
         if ids:
             counts[ids[-1]] += 1
     return counts
+
+
+def in_flight_of(
+    worker_id: str, backend_name: str, limit: int = IN_FLIGHT_SHOWN
+) -> tuple[list[TaskRecord], int]:
+    """The RUNNING tasks whose current lease is ``worker_id``'s (the last id in
+    ``worker_ids``, as ``in_flight`` counts them), oldest claim first, up to ``limit``;
+    and how many there are in all. Reads the few RUNNING rows of the backend."""
+    rows = (
+        TaskRecord.objects.filter(status=TaskResultStatus.RUNNING, backend_name=backend_name)
+        .only("id", "task_path", "queue_name", "attempt", "worker_ids", "last_attempted_at")
+        .order_by("last_attempted_at", "id")
+    )
+    mine = [row for row in rows.iterator() if worker_id_list(row.worker_ids)[-1:] == (worker_id,)]
+    return mine[:limit], len(mine)
 
 
 def planner_estimate(queryset: QuerySet[Any]) -> int | None:

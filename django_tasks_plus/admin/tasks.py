@@ -31,7 +31,8 @@ from ..breaker import split_scoped_key
 from ..compat import TaskResultStatus
 from ..db.waiting import blocker_id
 from ..models import BreakerRecord, TaskRecord
-from ..selection import BadFilter, check_parameters, id_prefix, with_id_prefix
+from ..search import parse_search
+from ..selection import BadFilter, check_parameters, with_search
 from ..stored import error_list
 from ..waiting import Waiting, max_attempts_of, waiting_reason
 from . import actions as ops
@@ -208,7 +209,10 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         BackendFilter,
     )
     search_fields = ("=id",)
-    search_help_text = _("A task's id: whole, or its first 8 or more characters.")
+    search_help_text = _(
+        "A task's id (its first 8 or more characters) or part of its path; arg:42, "
+        'kwarg:user_id=42, meta:tenant="acme", dedup:KEY. Terms combine; see docs/admin.md.'
+    )
     ordering = ("-enqueued_at",)
     list_per_page = 50
     paginator = EstimatedCountPaginator
@@ -261,14 +265,14 @@ class TaskRecordAdmin(ReadOnlyAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[TaskRecord], search_term: str
     ) -> tuple[QuerySet[TaskRecord], bool]:
-        """A whole id or a short one (the list's first 8 characters): one range of the
-        primary key, as the commands resolve short ids (``selection.with_id_prefix``)."""
-        if not search_term.strip():
-            return queryset, False
+        """The search box's terms (``search.parse_search``), all applied: an id prefix is
+        one range of the primary key, as the commands resolve short ids; JSON terms are
+        containment (``selection.with_search``)."""
         try:
-            return with_id_prefix(queryset, id_prefix(search_term)), False
+            terms = parse_search(search_term)
         except BadFilter:  # the pages check the search first; match nothing, never all
             return queryset.none(), False
+        return with_search(queryset, terms), False
 
     def filter_problems(self, request: HttpRequest) -> list[BadFilter]:
         """Why the current list's query cannot be applied as given (none: it can)."""

@@ -44,7 +44,32 @@ def column(name: str) -> str:
 
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     """``value`` as the database driver wants it for column ``name`` (Django's own rules)."""
+    unchanged = _unchanged_by_prep().get(name)
+    if unchanged is not None and (value is None or type(value) is unchanged):
+        return value
     return _fields()[name].get_db_prep_save(value, connection)
+
+
+@cache
+def _unchanged_by_prep() -> dict[str, type]:
+    """Per column, the exact value type that Django's ``get_db_prep_save`` returns
+    unchanged on every database, as it does None (text in a text column, a bool in a
+    boolean one): an enqueue skips the field machinery for them. Integers (typed for
+    psycopg 3 on PostgreSQL), dates, UUIDs and JSON take Django's path."""
+    from django.db import models
+
+    kinds: tuple[tuple[type[Field], type], ...] = (
+        (models.BooleanField, bool),
+        (models.CharField, str),
+        (models.TextField, str),
+    )
+    unchanged = {}
+    for name, field in _fields().items():
+        for kind, python_type in kinds:
+            if isinstance(field, kind):
+                unchanged[name] = python_type
+                break
+    return unchanged
 
 
 def insert_statements(
@@ -61,13 +86,8 @@ def insert_statements(
     one), so JSON is encoded once, by the codec. ``sequence_sql(i)`` is the SQL expression
     numbering row ``i`` of a statement in enqueue order (None: the column's default does).
     """
-    quote = connection.ops.quote_name
     names = list(rows[0])
-    quoted = [quote(column(name)) for name in names]
-    if sequence_sql is not None:
-        quoted.append(quote(column("sequence")))
-    columns = ", ".join(quoted)
-    head = f"INSERT INTO {quote(table())} ({columns}) VALUES "
+    head = _insert_head(connection, tuple(names), sequence_sql is not None)
     statements = []
     for start in range(0, len(rows), INSERT_CHUNK):
         chunk = rows[start : start + INSERT_CHUNK]
@@ -88,6 +108,26 @@ def insert_statements(
             tuples.append(f"({', '.join(marks)})")
         statements.append((head + ", ".join(tuples), params))
     return statements
+
+
+_INSERT_HEADS: dict[tuple[str, tuple[str, ...], bool], str] = {}
+
+
+def _insert_head(
+    connection: BaseDatabaseWrapper, names: tuple[str, ...], with_sequence: bool
+) -> str:
+    """``INSERT INTO table (columns) VALUES``, quoted once per database kind and shape
+    (an enqueue would otherwise quote some twenty names per call)."""
+    key = (connection.vendor, names, with_sequence)
+    head = _INSERT_HEADS.get(key)
+    if head is None:
+        quote = connection.ops.quote_name
+        quoted = [quote(column(name)) for name in names]
+        if with_sequence:
+            quoted.append(quote(column("sequence")))
+        head = f"INSERT INTO {quote(table())} ({', '.join(quoted)}) VALUES "
+        _INSERT_HEADS[key] = head
+    return head
 
 
 def _as_datetime(value: Any) -> datetime | None:
@@ -199,6 +239,15 @@ class Dialect(ABC):
     locked (where the database can; the pruner then never waits for a redrive)."""
     json_param: str = "%s"
     """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
+    has_search_indexes: bool = False
+    """Whether ``manage.py searchindex`` can build GIN indexes for JSON containment
+    (``db/search_index.py``); elsewhere the admin's JSON search reads the rows."""
+
+    def json_contains(self, column: str, key: str | None, value: Any) -> tuple[str, list[Any]]:
+        """SQL (and its parameters) true when the JSON in ``column`` holds ``value``: as
+        an element of the array (``key`` None), else under ``key`` of the object. The
+        admin's ``arg:``, ``kwarg:`` and ``meta:`` searches (``db/json_search.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot search JSON")
 
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
         """SQL (and its parameters) for the JSON object in ``column`` with ``keys``
@@ -209,6 +258,11 @@ class Dialect(ABC):
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         """Problems that stop this database from running the queue (empty if none)."""
         return []
+
+    def wake(self, connection: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
+        """Tell listening workers that tasks of ``queues`` became due (on commit, where
+        notifications are transactional); without notifications workers poll: nothing."""
+        return None
 
     # -- the driver's own view of a connection (attribute reads, never a query) ---------
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, F, Value
+from django.db.models import Case, Count, F, IntegerField, Value, When
 from django.db.models.functions import Coalesce
 
 from ..compat import TaskResultStatus
@@ -221,3 +221,73 @@ def held_counts(database: str, backend_name: str, now: datetime) -> dict[str, in
         .annotate(count=Count("id"))
     )
     return {str(row["breaker_key"]): int(row["count"]) for row in rows}
+
+
+def state_counts(database: str, backend_name: str) -> list[tuple[str, str, int]]:
+    """``(breaker name, stored state, circuits)`` of the backend: one grouped read of the
+    breaker table (a row per key that ever failed; the task table is not read)."""
+    rows = (
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name)
+        .values("name", "state")
+        .annotate(count=Count("id"))
+        .order_by("name", "state")
+    )
+    return [(str(row["name"]), str(row["state"]), int(row["count"])) for row in rows]
+
+
+def leading_circuits(database: str, backend_name: str, limit: int) -> list[BreakerRecord]:
+    """At most ``limit`` stored circuits, those not closed first (the most recently
+    opened first), then the closed ones most recently changed: the circuits a scrape
+    names one by one when there are more than it may name."""
+    closed_last = Case(
+        When(state="closed", then=Value(1)), default=Value(0), output_field=IntegerField()
+    )
+    return list(
+        BreakerRecord.objects.using(database)
+        .filter(backend_name=backend_name)
+        .order_by(
+            closed_last,
+            F("opened_at").desc(nulls_last=True),
+            F("updated_at").desc(),
+            "name",
+            "key",
+        )[:limit]
+    )
+
+
+# One statement counts the held tasks of this many circuits (a UNION ALL of capped reads).
+HELD_BATCH = 100
+
+
+def held_capped(
+    database: str, backend_name: str, breaker_keys: list[str], now: datetime, cap: int
+) -> dict[str, tuple[int, bool]]:
+    """Per circuit (``name/key``): the tasks it holds back now, and whether more may be
+    held than that. Each circuit reads at most ``cap + 1`` of its key's READY rows (the
+    breaker index, ``dtp_task_breaker_idx``), whatever the rest of the table holds: an
+    open circuit's waiting tasks are all held, so its count is exact up to the cap; a
+    closed one with a backlog of more than ``cap`` due tasks counts the held ones among
+    the first ``cap + 1`` only (a closed circuit released its tasks as it closed).
+    One statement per ``HELD_BATCH`` circuits, on PostgreSQL and SQLite alike."""
+    connection = connections[database]
+    quote = connection.ops.quote_name
+    table, ready = quote(TaskRecord._meta.db_table), str(TaskResultStatus.READY)
+    at = connection.ops.adapt_datetimefield_value(now)
+    one = (
+        f"SELECT %s, COUNT(*), COALESCE(SUM(CASE WHEN held_since IS NOT NULL AND "
+        f"run_after > %s THEN 1 ELSE 0 END), 0) FROM (SELECT held_since, run_after "
+        f"FROM {table} WHERE backend_name = %s AND breaker_key = %s AND status = %s "
+        f"LIMIT %s) AS found"
+    )
+    counted: dict[str, tuple[int, bool]] = {}
+    for start in range(0, len(breaker_keys), HELD_BATCH):
+        batch = breaker_keys[start : start + HELD_BATCH]
+        params: list[Any] = []
+        for key in batch:
+            params += [key, at, backend_name, key, ready, cap + 1]
+        with connection.cursor() as cursor:
+            cursor.execute(" UNION ALL ".join([one] * len(batch)), params)
+            for key, read, held in cursor.fetchall():
+                counted[str(key)] = (min(int(held), cap), int(read) > cap)
+    return counted

@@ -1,12 +1,18 @@
-"""The metrics table and the read-time gauges: one transaction per flush, pruning, and
-the aggregate reads the metrics queries build on.
+"""The metrics tables and the read-time gauges: one transaction per flush, the hourly
+rollup, pruning, and the aggregate reads the metrics queries build on.
 
 The upsert adds to existing rows (``INSERT … ON CONFLICT … DO UPDATE SET value = value +
 excluded.value``), which PostgreSQL and SQLite spell the same way, so it is written once
 here. Its rows are sorted, so two workers flushing at once lock shared rows in the same
 order and cannot deadlock. A flush lands exactly once: ``land_flush`` records the flush's
 key (``MetricFlush``) and adds its rows in one transaction, and a retry whose key is
-already stored adds nothing. The reads are vendor-neutral ORM.
+already stored adds nothing.
+
+Minutes older than the metrics retention are moved to hourly rows (``MetricHour``) by
+``roll_up_minutes``: their sums added and the minutes deleted in one transaction, so a
+count is in exactly one table at any commit and a re-run or a crash counts nothing twice.
+A window read (``sums``) adds both tables in one statement (one snapshot), so it never
+sees a batch half moved. The reads are vendor-neutral ORM.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Count, Min, Q, QuerySet, Sum
+from django.db.models import Count, F, Min, Q, QuerySet, Sum
 
 from ..compat import TaskResultStatus
-from ..models import MetricFlush, MetricRecord, TaskRecord, WorkerRecord
+from ..models import MetricFlush, MetricHour, MetricRecord, TaskRecord, WorkerRecord
 from . import dialect_for
 from .retention import delete_batch
 
@@ -27,11 +33,11 @@ METRICS = "django_tasks_plus_metricrecord"
 METRIC_COLUMNS = ("backend_name", "minute", "queue_name", "task_path", "name", "value")
 
 ADD_METRICS = """
-    INSERT INTO django_tasks_plus_metricrecord
-        (backend_name, minute, queue_name, task_path, name, value)
+    INSERT INTO {table}
+        (backend_name, {at}, queue_name, task_path, name, value)
     VALUES {rows}
-    ON CONFLICT (backend_name, minute, queue_name, task_path, name)
-    DO UPDATE SET value = django_tasks_plus_metricrecord.value + excluded.value
+    ON CONFLICT (backend_name, {at}, queue_name, task_path, name)
+    DO UPDATE SET value = {table}.value + excluded.value
 """
 
 # Stamped by the database's clock, which the pruner's retention follows too.
@@ -109,37 +115,77 @@ def add_metrics(database: str, rows: Iterable[Row]) -> int:
     Each key must appear once. Runs in the caller's transaction; ``land_flush`` is the
     flush's one transaction around it.
     """
+    return _upsert(database, rows, MetricRecord, "minute")
+
+
+def _upsert(database: str, rows: Iterable[Row], model: type[Any], at: str) -> int:
+    """``add_metrics`` into ``model``'s table, whose time column is ``at``."""
     ordered = sorted(rows, key=lambda row: row[:5])
     if not ordered:
         return 0
     connection = connections[database]
-    minute_field = MetricRecord._meta.get_field("minute")
+    time_field = model._meta.get_field(at)
+    statement = ADD_METRICS.format(table=model._meta.db_table, at=at, rows="{rows}")
     with connection.cursor() as cursor:
         for start in range(0, len(ordered), _ROWS_PER_STATEMENT):
             chunk = ordered[start : start + _ROWS_PER_STATEMENT]
             params: list[Any] = []
-            for backend, minute, queue, task_path, name, value in chunk:
-                prepared = minute_field.get_db_prep_value(minute, connection, prepared=False)
+            for backend, moment, queue, task_path, name, value in chunk:
+                prepared = time_field.get_db_prep_value(moment, connection, prepared=False)
                 params += [backend, prepared, queue, task_path, name, value]
             cursor.execute(
-                ADD_METRICS.format(rows=", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))),
+                statement.format(rows=", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))),
                 params,
             )
     return len(ordered)
 
 
-def prune_metrics(
-    database: str, backend: str, before: datetime, keep: datetime, limit: int | None = None
+def hour_of(moment: datetime) -> datetime:
+    """The start of the clock hour (in the datetime's own zone; UTC as stored)."""
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def roll_up_minutes(
+    database: str, backend: str, before: datetime, keep: datetime, limit: int
 ) -> int:
-    """Delete the backend's minutes older than ``before``, except the ``keep`` minute (the
-    all-time totals); returns how many rows. With ``limit``, at most that many, in one
-    short transaction (the pruner repeats it while a full batch comes back)."""
-    rows = (
-        MetricRecord.objects.using(database)
-        .filter(backend_name=backend, minute__lt=before)
-        .exclude(minute=keep)
+    """Move up to ``limit`` of the backend's minutes older than ``before`` (never the
+    ``keep`` minute: the all-time totals) into their hours' rows, in ONE transaction:
+    the hours get the minutes' sums and the minutes are deleted; returns how many
+    minutes were moved (the pruner repeats it while a full batch comes back).
+
+    The minutes are locked first, in key order, passing over rows a flush holds (a late
+    flush adding to an old minute): the next batch takes them, and a count is never
+    read here and then changed before its row is deleted. A failure rolls back both
+    halves, so a re-run finds the same minutes and nothing is counted twice."""
+    with transaction.atomic(using=database):
+        rows = (
+            MetricRecord.objects.using(database)
+            .filter(backend_name=backend, minute__lt=before)
+            .exclude(minute=keep)
+            .order_by("minute", "queue_name", "task_path", "name")
+            .select_for_update(skip_locked=True)
+        )
+        picked = list(
+            rows.values_list("pk", "minute", "queue_name", "task_path", "name", "value")[:limit]
+        )
+        if not picked:
+            return 0
+        hours = summed(
+            (backend, hour_of(minute), queue, task_path, name, value)
+            for _pk, minute, queue, task_path, name, value in picked
+        )
+        _upsert(database, hours, MetricHour, "hour")
+        MetricRecord.objects.using(database).filter(pk__in=[row[0] for row in picked]).delete()
+    return len(picked)
+
+
+def prune_hours(database: str, backend: str, before: datetime, limit: int | None = None) -> int:
+    """Delete the backend's hourly rows older than ``before``; returns how many (at most
+    ``limit``, in one short transaction: the pruner repeats it while a full batch comes
+    back)."""
+    return _delete(
+        MetricHour.objects.using(database).filter(backend_name=backend, hour__lt=before), limit
     )
-    return _delete(rows, limit)
 
 
 def prune_flush_keys(
@@ -147,7 +193,8 @@ def prune_flush_keys(
 ) -> int:
     """Forget the backend's flush keys older than ``before`` (the metrics retention: a
     flush is retried within seconds, never after days); returns how many (at most
-    ``limit``, as ``prune_metrics``)."""
+    ``limit``, in one short transaction: the pruner repeats it while a full batch comes
+    back)."""
     rows = MetricFlush.objects.using(database).filter(backend_name=backend, flushed_at__lt=before)
     return _delete(rows, limit)
 
@@ -171,23 +218,82 @@ def sums(
     queue: str | None = None,
     task_path: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Values summed over a window of minutes (``since`` inclusive, ``until`` exclusive)
-    or one ``minute``, grouped by ``group_by``; each dict has those keys and ``total``."""
-    rows = MetricRecord.objects.using(database).filter(backend_name=backend)
+    """Values summed over a window (``since`` inclusive, ``until`` exclusive) or one
+    ``minute``, grouped by ``group_by``; each dict has those keys and ``total``.
+
+    A window adds the per-minute rows and the hourly rows of older minutes in one
+    statement; an hourly row counts when its hour starts in the window (so a window
+    starting mid-hour leaves out that hour's rolled-up minutes), and grouped by
+    ``"minute"`` it is one point at the start of its hour."""
+    minutes = _filtered(
+        MetricRecord.objects.using(database).filter(backend_name=backend),
+        "minute",
+        since=since,
+        until=until,
+        names=names,
+        queue=queue,
+        task_path=task_path,
+    )
     if minute is not None:
-        rows = rows.filter(minute=minute)
+        grouped = (
+            minutes.filter(minute=minute)
+            .values(*group_by)
+            .annotate(total=Sum("value"))
+            .order_by(*group_by)
+        )
+        return [dict(row) for row in grouped]
+    hours = _filtered(
+        MetricHour.objects.using(database).filter(backend_name=backend),
+        "hour",
+        since=since,
+        until=until,
+        names=names,
+        queue=queue,
+        task_path=task_path,
+    )
+    # The same columns on both sides (the time as "at"), grouped in SQL, added here.
+    columns = ["at" if column == "minute" else column for column in group_by]
+    both = (
+        minutes.annotate(at=F("minute"))
+        .values(*columns)
+        .annotate(total=Sum("value"))
+        .order_by()
+        .union(
+            hours.annotate(at=F("hour")).values(*columns).annotate(total=Sum("value")).order_by(),
+            all=True,
+        )
+    )
+    found: dict[tuple[Any, ...], int] = {}
+    for row in both:
+        key = tuple(row[column] for column in columns)
+        found[key] = found.get(key, 0) + int(row["total"])
+    return [
+        {**dict(zip(group_by, key, strict=True)), "total": total}
+        for key, total in sorted(found.items())
+    ]
+
+
+def _filtered(
+    rows: QuerySet[Any],
+    at: str,
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    names: Sequence[str] | None,
+    queue: str | None,
+    task_path: str | None,
+) -> QuerySet[Any]:
     if since is not None:
-        rows = rows.filter(minute__gte=since)
+        rows = rows.filter(**{f"{at}__gte": since})
     if until is not None:
-        rows = rows.filter(minute__lt=until)
+        rows = rows.filter(**{f"{at}__lt": until})
     if names is not None:
         rows = rows.filter(name__in=list(names))
     if queue is not None:
         rows = rows.filter(queue_name=queue)
     if task_path is not None:
         rows = rows.filter(task_path=task_path)
-    grouped = rows.values(*group_by).annotate(total=Sum("value")).order_by(*group_by)
-    return [dict(row) for row in grouped]
+    return rows
 
 
 def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, Any]]:

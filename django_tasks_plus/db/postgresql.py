@@ -193,9 +193,19 @@ class PostgreSQLDialect(Dialect):
     lock_rows_sql = " FOR UPDATE"
     skip_locked_rows_sql = " FOR UPDATE SKIP LOCKED"
     json_param = "%s::jsonb"
+    has_search_indexes = True
 
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
         return WITHOUT_JSON_KEYS.format(column=column), [list(keys)]
+
+    def wake(self, connection: BaseDatabaseWrapper, queues: Sequence[str]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(NOTIFY_QUEUES, [NOTIFY_CHANNEL, sorted(set(queues))])
+
+    def json_contains(self, column: str, key: str | None, value: Any) -> tuple[str, list[Any]]:
+        # jsonb containment: what the search indexes (jsonb_path_ops GIN) answer.
+        wanted = [value] if key is None else {key: value}
+        return f"{column} @> %s::jsonb", [json.dumps(wanted)]
 
     def insert_tasks(
         self,

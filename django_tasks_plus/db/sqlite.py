@@ -106,6 +106,15 @@ class SQLiteDialect(Dialect):
         paths = sql.placeholders(len(keys))
         return WITHOUT_JSON_KEYS.format(column=column, paths=paths), [f'$."{k}"' for k in keys]
 
+    def json_contains(self, column: str, key: str | None, value: Any) -> tuple[str, list[Any]]:
+        # No containment operator: one walk of the top level with json_each, whose
+        # ``type`` tells a string from a number or a boolean (the column's CHECK
+        # constraint keeps every stored value valid JSON).
+        match, params = json_each_match(value)
+        if key is not None:
+            match, params = f"dtp_j.key = %s AND {match}", [key, *params]
+        return f"EXISTS (SELECT 1 FROM json_each({column}) AS dtp_j WHERE {match})", params
+
     def check(self, connection: BaseDatabaseWrapper) -> list[str]:
         if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
             wanted = ".".join(map(str, MIN_SQLITE_VERSION))
@@ -185,3 +194,17 @@ class SQLiteDialect(Dialect):
 def _seconds_modifier(seconds: float) -> str:
     """SQLite's date modifier for "``seconds`` later" (fractions allowed)."""
     return f"{seconds:+.3f} seconds"
+
+
+def json_each_match(value: Any) -> tuple[str, list[Any]]:
+    """The condition on a ``json_each`` row (alias ``dtp_j``) that it holds ``value``:
+    scalars by type and value (``1`` and ``1.0`` are one number, as in jsonb); an object
+    or array by its whole JSON text (SQLite has no containment, docs/admin.md#search)."""
+    if value is True or value is False or value is None:
+        return f"dtp_j.type = '{json.dumps(value)}'", []
+    if isinstance(value, int | float):
+        return "dtp_j.type IN ('integer', 'real') AND dtp_j.value = %s", [value]
+    if isinstance(value, str):
+        return "dtp_j.type = 'text' AND dtp_j.value = %s", [value]
+    kind = "object" if isinstance(value, dict) else "array"
+    return f"dtp_j.type = '{kind}' AND json(dtp_j.value) = json(%s)", [json.dumps(value)]

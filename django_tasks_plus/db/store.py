@@ -90,9 +90,33 @@ class WorkerRegistration:
     concurrency: int
     visibility_timeout: float
     started_at: datetime
+    version: str = ""
 
 
-def register_worker(database: str, registration: WorkerRegistration, now: datetime) -> None:
+@dataclass(frozen=True)
+class WorkerStatus:
+    """What a worker's row says of it beyond liveness, rewritten by every heartbeat in
+    the same UPDATE: the attempts it finished and failed since it started, and since when
+    it leads its backend (None while a follower)."""
+
+    tasks_processed: int = 0
+    tasks_failed: int = 0
+    leader_since: datetime | None = None
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "tasks_processed": self.tasks_processed,
+            "tasks_failed": self.tasks_failed,
+            "leader_since": self.leader_since,
+        }
+
+
+def register_worker(
+    database: str,
+    registration: WorkerRegistration,
+    now: datetime,
+    status: WorkerStatus | None = None,
+) -> None:
     WorkerRecord.objects.using(database).update_or_create(
         worker_id=registration.worker_id,
         defaults={
@@ -104,14 +128,20 @@ def register_worker(database: str, registration: WorkerRegistration, now: dateti
             "visibility_timeout": registration.visibility_timeout,
             "started_at": registration.started_at,
             "last_heartbeat_at": now,
+            "version": registration.version[:40],
+            **(status or WorkerStatus()).columns(),
         },
     )
 
 
-def heartbeat_worker(database: str, worker_id: str, now: datetime) -> bool:
-    """Touch the worker's row; False if it is gone (the caller registers it again)."""
+def heartbeat_worker(
+    database: str, worker_id: str, now: datetime, status: WorkerStatus | None = None
+) -> bool:
+    """Touch the worker's row, writing ``status`` in the same statement; False if the row
+    is gone (the caller registers it again)."""
     rows = WorkerRecord.objects.using(database).filter(worker_id=worker_id)
-    return rows.update(last_heartbeat_at=now) > 0
+    values = status.columns() if status is not None else {}
+    return rows.update(last_heartbeat_at=now, **values) > 0
 
 
 def remove_worker(database: str, worker_id: str) -> None:
@@ -209,28 +239,45 @@ NEW_RUN = {
 }
 
 
+def _woken(database: str, queue: str | None, changed: bool) -> bool:
+    """A task an operator made due now wakes the workers of its queue (a redrive seen
+    running at once, not at the next poll); returns ``changed``."""
+    if changed and queue is not None:
+        connection = connections[database]
+        dialect_for(connection).wake(connection, [queue])
+    return changed
+
+
 def redrive(
-    database: str, task_id: str, now: datetime, *, clear_metadata: Sequence[str] = ()
+    database: str,
+    task_id: str,
+    now: datetime,
+    *,
+    clear_metadata: Sequence[str] = (),
+    queue: str | None = None,
 ) -> bool:
     """Start a new run of a dead-lettered task: READY now, with the state of a run reset
     (``NEW_RUN``) and its history kept. Every redrive (API, admin, command) lands here.
 
     ``clear_metadata``: the metadata keys that live for one run (``metadata.run_keys()``),
-    removed in the same statement."""
+    removed in the same statement. ``queue``: the task's, whose workers are woken."""
     changes: dict[str, Any] = {}
     if clear_metadata:
         connection = connections[database]
         column = connection.ops.quote_name("metadata")
         expression, params = dialect_for(connection).without_json_keys(column, clear_metadata)
         changes["metadata"] = RawSQL(expression, params, output_field=JSONField())
-    return bool(
+    changed = (
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED)
         .update(**NEW_RUN, run_after=now, **changes)
     )
+    return _woken(database, queue, bool(changed))
 
 
-def run_now(database: str, task_id: str, *, attempt: int | None = None) -> bool:
+def run_now(
+    database: str, task_id: str, *, attempt: int | None = None, queue: str | None = None
+) -> bool:
     """Make a waiting READY task due now (by the database's clock): a retry, a scheduled
     task or one a breaker holds. Guarded in the statement: only while READY and not yet
     due, and (``attempt``) only in the wait the operator saw, so a worker that claimed it
@@ -243,7 +290,7 @@ def run_now(database: str, task_id: str, *, attempt: int | None = None) -> bool:
     )
     if attempt is not None:
         rows = rows.filter(attempt=attempt)
-    return bool(rows.update(run_after=now))
+    return _woken(database, queue, bool(rows.update(run_after=now)))
 
 
 # A task may be deleted unless a worker runs it (cancel it first): waiting, or finished.
@@ -260,10 +307,12 @@ def delete(database: str, task_id: str) -> bool:
     return bool(deleted)
 
 
-def discard(database: str, task_id: str) -> bool:
-    """Leave a dead-lettered task dead but stop it blocking its ordering key."""
-    return bool(
+def discard(database: str, task_id: str, *, queue: str | None = None) -> bool:
+    """Leave a dead-lettered task dead but stop it blocking its ordering key (the
+    key's next task may run now: ``queue``'s workers are woken)."""
+    changed = (
         TaskRecord.objects.using(database)
         .filter(pk=task_id, status=TaskResultStatus.FAILED, ordering_blocked=True)
         .update(ordering_blocked=False)
     )
+    return _woken(database, queue, bool(changed))

@@ -44,6 +44,8 @@ COUNT_CAP = 10_000
 # Due tasks tested against their ordering key at most, per queue (each test is an index
 # probe or two): past it, "blocked" and "due now" are lower bounds.
 BLOCKED_SCAN = 1_000
+# Due tasks read at first per priority level when looking for the oldest that can run.
+FIRST_READ = 16
 
 # The queues holding READY tasks of a backend, one index probe each (a loose scan of
 # dtp_task_claim_idx), instead of a DISTINCT over every READY row. PostgreSQL and SQLite
@@ -193,6 +195,40 @@ def _due_scan(
     return read, blocked, oldest, True
 
 
+def oldest_runnable(
+    database: str, backend: str, queue: str, now: datetime, scan: int = BLOCKED_SCAN
+) -> tuple[datetime | None, bool]:
+    """The earliest due time of a task of ``queue`` that could run now (due, and not
+    blocked by its ordering key; a held, retrying or scheduled task is not due), and
+    whether that answer is exact. Each priority level is read oldest first up to its
+    first task that is not blocked, at most ``scan`` rows per level; a level whose first
+    ``scan`` due tasks are all blocked makes the answer a bound (False)."""
+    ready = TaskRecord.objects.using(database).filter(
+        backend_name=backend, queue_name=queue, status=READY
+    )
+    oldest: datetime | None = None
+    exact = True
+    for level in _levels(ready):
+        due = (
+            ready.filter(priority=level, run_after__lte=now)
+            .order_by("run_after", "id")
+            .annotate(blocked=_blocked_flag())
+            .values_list("run_after", "blocked")
+        )
+        # Mostly the first due task can run: a short read first, the long one only
+        # when the head of the level is blocked.
+        for limit in dict.fromkeys((min(FIRST_READ, scan), scan)):
+            rows = list(due[:limit])
+            first = next((run_after for run_after, blocked in rows if not blocked), None)
+            if first is not None or len(rows) < limit:
+                break
+        if first is not None:
+            oldest = first if oldest is None else min(oldest, first)
+        elif len(rows) >= scan:
+            exact = False
+    return oldest, exact
+
+
 def queue_waiting(
     database: str,
     backend: str,
@@ -249,6 +285,7 @@ __all__ = [
     "WaitingCounts",
     "blocker_id",
     "is_blocked",
+    "oldest_runnable",
     "queue_waiting",
     "ready_queues",
     "reason_condition",

@@ -5,6 +5,7 @@ kept per minute in the database so that every process sees the whole fleet.
   ``aggregator()``) and its flushes;
 - ``catalog``: what is counted, the fixed histogram buckets, the stored names, and the
   registry of the features' own counters (``register_counter``);
+- ``ranges``: the charts' ranges, their bars, and how points add up into them (pure);
 - ``queries``: the read API (gauges, totals, rate series, percentiles, workers) that
   the admin overview, ``taskstats`` and the Prometheus endpoint use;
 - ``prometheus``: the text exposition served by ``django_tasks_plus.urls``.
@@ -29,6 +30,7 @@ from .queries import (
     queue_gauges,
     queue_waiting,
     rate_series,
+    series,
     totals,
     workers,
 )
@@ -60,6 +62,7 @@ __all__ = [
     "queue_waiting",
     "rate_series",
     "register_counter",
+    "series",
     "totals",
     "workers",
 ]

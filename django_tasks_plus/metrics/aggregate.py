@@ -461,16 +461,19 @@ def register_counter(
     *event_names: str,
     help: str,
     labels: tuple[str, ...] | list[str] = (),
+    per_task: bool = True,
     builtin: bool = False,
 ) -> FeatureCounter:
     """Count a feature's events: ``name`` (stored per minute and all-time, served to
     Prometheus as ``django_tasks_plus_<name>``) adds each event's ``count`` measurement,
-    else one, per backend, queue, task path and the event labels named in ``labels``.
+    else one, per backend, queue, task path and the event labels named in ``labels``
+    (``per_task=False``: events without a queue or task, served without those labels).
     The events must be registered first (``events.register_names``). Call it when the
     feature starts (its ``AppConfig.ready``); ``builtin=True`` for the app's own
     features, whose counters a test's ``registries.reset()`` keeps."""
     counter = feature_counters().register(
-        FeatureCounter(name, tuple(event_names), help, tuple(labels)), builtin=builtin
+        FeatureCounter(name, tuple(event_names), help, tuple(labels), per_task),
+        builtin=builtin,
     )
     counting = aggregator()
     if counting.targets:  # subscribed already: count the new events too

@@ -106,12 +106,15 @@ _LABEL_VALUE_BAD = re.compile(r"[{}=,\x00]")
 @dataclass(frozen=True)
 class FeatureCounter:
     """A feature's counter: ``events`` it counts (by their ``count`` measurement, else
-    one each), ``labels``: the event label keys that are its own dimensions."""
+    one each), ``labels``: the event label keys that are its own dimensions.
+    ``per_task=False``: its events name no queue or task (a breaker's, about a host),
+    so it is served with ``backend`` and its own labels only, not empty ones."""
 
     name: str
     events: tuple[str, ...]
     help: str
     labels: tuple[str, ...] = ()
+    per_task: bool = True
 
     def stored_name(self, event_labels: Mapping[str, Any]) -> str:
         """The name of this counter's row for the labels of one event."""

@@ -1,7 +1,8 @@
 """The read API that the admin overview, ``taskstats`` and the Prometheus endpoint share.
 
 Counters and histograms come from the per-minute table (fleet-wide: every worker and
-web process flushes there); gauges and workers are counted from the task and worker
+web process flushes there) and, for minutes older than ``METRICS["RETENTION_DAYS"]``,
+the hourly rows they were summed into; gauges and workers are counted from the task and worker
 tables when asked, never stored. Every function takes the ``TASKS`` alias; a window's
 ``since`` is a datetime or a timedelta back from now, and whole minutes are read (the
 current minute is partial, and a process's latest counts arrive with its next flush).
@@ -33,6 +34,7 @@ from .catalog import (
     split_stored_name,
     sum_name,
 )
+from .ranges import Window, add_up
 
 Since = datetime | timedelta
 
@@ -47,7 +49,7 @@ class QueueGauge:
     scheduled: int
     running: int
     dead: int
-    oldest_ready_age: float | None  # seconds the longest-waiting due task has waited
+    oldest_ready_age: float | None  # seconds the longest-waiting runnable task has waited
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +130,9 @@ def _since(since: Since, now: datetime) -> datetime:
 def queue_gauges(
     backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS, *, now: datetime | None = None
 ) -> list[QueueGauge]:
-    """Per queue (the configured ones first, then any other with tasks): counts now."""
+    """Per queue (the configured ones first, then any other with tasks): counts now.
+    ``oldest_ready_age`` counts only a task that could run now: due, and not blocked
+    by its ordering key (``db/waiting.oldest_runnable``, a bounded read per level)."""
     settings = _settings(backend)
     now = now or timezone.now()
     found: dict[str, dict[str, Any]] = {
@@ -143,7 +147,10 @@ def queue_gauges(
         if status == "READY":
             entry["ready"] = row["count"] - row["scheduled"]
             entry["scheduled"] = row["scheduled"]
-            entry["oldest"] = row["oldest_due"]
+            if entry["ready"]:
+                entry["oldest"], _exact = waiting_store.oldest_runnable(
+                    settings.database, backend, row["queue_name"], now
+                )
         elif status == "RUNNING":
             entry["running"] = row["count"]
         else:
@@ -293,14 +300,41 @@ def rate_series(
         queue=queue,
         task_path=task_path,
     )
-    width = timedelta(seconds=step)
-    count = max(1, int((now - start) // width) + 1)
-    points = [0] * count
-    for row in rows:
-        index = int((row["minute"] - start) // width)
-        if 0 <= index < count:
-            points[index] += int(row["total"])
-    return [(start + i * width, value) for i, value in enumerate(points)]
+    count = max(1, int((now - start) // timedelta(seconds=step)) + 1)
+    bars = Window(start, step, count)
+    points = add_up(((row["minute"], int(row["total"])) for row in rows), bars)
+    return list(zip(bars.starts(), points, strict=True))
+
+
+def series(
+    backend: str,
+    names: Sequence[str],
+    bars: Window,
+    *,
+    queue: str | None = None,
+    task_path: str | None = None,
+) -> dict[str, list[int]]:
+    """Each counter in ``names`` per bar of ``bars`` (``ranges.window``), in one read of
+    the window's minutes and hourly rows: a chart's layers."""
+    unknown = [name for name in names if name not in COUNTER_NAMES]
+    if unknown:
+        raise ValueError(f"Unknown counter {unknown[0]!r}; one of: {', '.join(COUNTER_NAMES)}.")
+    settings = _settings(backend)
+    rows = store.sums(
+        settings.database,
+        backend,
+        since=bars.start,
+        names=names,
+        group_by=("minute", "name"),
+        queue=queue,
+        task_path=task_path,
+    )
+    return {
+        name: add_up(
+            ((row["minute"], int(row["total"])) for row in rows if row["name"] == name), bars
+        )
+        for name in names
+    }
 
 
 def histogram(
@@ -413,6 +447,7 @@ __all__ = [
     "queue_gauges",
     "queue_waiting",
     "rate_series",
+    "series",
     "totals",
     "workers",
 ]

@@ -14,6 +14,7 @@ on the other (the NOTIFY listener keeps a third, and task threads their own).
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import queue
@@ -34,7 +35,7 @@ from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
 from ..db.completions import apply_outcome
-from ..db.store import WorkerRegistration, register_worker, remove_worker
+from ..db.store import WorkerRegistration, WorkerStatus, register_worker, remove_worker
 from ..db.unpooled import guard_pooled_sessions, outside_the_pool
 from ..discovery import discover_task_modules
 from ..lifecycle import ClaimedTask, Released
@@ -51,6 +52,7 @@ from .reporter import Reporter
 from .services import Service, Services
 from .sessions import SharedSession
 from .slots import Slots
+from .tally import OutcomeTally
 from .wakeup import MIN_POLL, NotifyListener, PollBackoff
 
 if TYPE_CHECKING:
@@ -69,6 +71,15 @@ MAX_ADAPTIVE_PREFETCH = 256
 RUN_TIME_SMOOTHING = 0.1
 # Signals this close together are one request (group delivery plus supervisor forwarding).
 DUPLICATE_SIGNAL_WINDOW = 0.5
+
+
+def installed_version() -> str:
+    """The installed django-tasks-plus distribution's version, for the worker's row; empty
+    when the package runs from a source tree that was never installed."""
+    try:
+        return importlib.metadata.version("django-tasks-plus")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def adaptive_prefetch(concurrency: int, floor: int, run_seconds: float | None) -> int:
@@ -118,6 +129,8 @@ class Worker:
         # service shares: a slow duty never delays a claim or an outcome.
         self.claim_session = SharedSession(self.database, "claim loop and outcome writer")
         self.periodic_session = SharedSession(self.database, "periodic services")
+        self.tally = OutcomeTally()  # this process's processed and failed attempts
+        self.version = installed_version()  # for its row
         self.reporter = Reporter(
             self.database,
             persist_deadline=config.visibility_timeout,
@@ -132,6 +145,7 @@ class Worker:
             schedule=self._schedule,
             log_each_task=config.log_each_task,
             on_settle=self._mark_settling,
+            tally=self.tally,
         )
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
@@ -217,8 +231,21 @@ class Worker:
                 concurrency=self.config.concurrency,
                 visibility_timeout=self.config.visibility_timeout,
                 started_at=self.started_at or now,
+                version=self.version,
             ),
             now,
+            self._status(),
+        )
+
+    def _status(self) -> WorkerStatus:
+        """What the heartbeat writes on the row besides the time: this process's counts
+        and its leadership as the election service holds it now."""
+        processed, failed = self.tally.totals()
+        election = self.election
+        return WorkerStatus(
+            tasks_processed=processed,
+            tasks_failed=failed,
+            leader_since=election.since if election is not None else None,
         )
 
     def build_services(self) -> list[Service]:
@@ -251,6 +278,7 @@ class Worker:
                 clock=self.clock,
                 visibility_timeout=config.visibility_timeout,
                 sync_clock=self.database_clock.sync if self.database_clock is not None else None,
+                status=self._status,
             ),
         ]
         if self.listening:
@@ -262,6 +290,7 @@ class Worker:
                 worker_id=config.worker_id,
                 lease_seconds=config.visibility_timeout,
                 on_change=self._on_leadership,
+                clock=self.clock,
             )
             services.append(self.election)
         return services

@@ -65,6 +65,7 @@ from ..results import result_from_claim, stored_return_value, task_errors
 from ..stored import CorruptJson
 from .hygiene import clean_up_after_attempt, replace_lost_connections, return_pooled_sessions
 from .outcome import outcome_for
+from .tally import OutcomeTally
 from .tasklog import describe_outcome
 from .timeouts import AttemptTimer, interrupted
 
@@ -153,8 +154,10 @@ class TaskRunner:
         schedule: Callable[[Callable[[], None]], object],
         log_each_task: bool = False,
         on_settle: Callable[[ClaimedTask], None] | None = None,
+        tally: OutcomeTally | None = None,
     ) -> None:
         self.backend = backend
+        self.tally = tally  # counts the outcomes that landed, for the worker's row
         self.database = backend.settings.database
         self.clock = clock
         self.log_each_task = log_each_task
@@ -421,6 +424,8 @@ class TaskRunner:
         try:
             status = outcome.status
             if landed:
+                if self.tally is not None:
+                    self.tally.add(outcome)
                 if announce is not None:
                     self._announcements.append(announce)
                 events.emit_outcome(claimed, outcome, seconds, self.clock)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError
 
 from ..db import worker_connection
-from ..db.store import heartbeat_worker, renew_leases
+from ..db.store import WorkerStatus, heartbeat_worker, renew_leases
 from ..liveness import STALE_WORKER_FACTOR
 from .reaper import reap_expired
 from .services import LoopService
@@ -30,7 +30,8 @@ lost, so the id alone does not name one attempt."""
 class Heartbeat(LoopService):
     """Every ``interval`` seconds: renew in-flight leases in one statement, touch the
     worker row (``register`` writes it again if the leader deleted it while this process
-    was paused), and reap leases that other (dead) workers let expire.
+    was paused), and reap leases that other (dead) workers let expire. The touch also
+    writes ``status()`` (attempts processed and failed, leadership) in the same UPDATE.
 
     Renewal comes first in each round, so after a stall (a locked table, a paused
     process) this worker's own live leases are extended before any reaping is done.
@@ -52,6 +53,7 @@ class Heartbeat(LoopService):
         clock: Callable[[], datetime],
         visibility_timeout: float,
         sync_clock: Callable[[], None] | None = None,
+        status: Callable[[], WorkerStatus] | None = None,
     ) -> None:
         super().__init__(backend.settings.database)
         self.backend = backend
@@ -61,6 +63,7 @@ class Heartbeat(LoopService):
         self.on_lost = on_lost
         self.clock = clock
         self.sync_clock = sync_clock
+        self.status = status
         self.visibility_timeout = visibility_timeout
         self.interval = max(0.05, visibility_timeout / 3)
 
@@ -77,7 +80,8 @@ class Heartbeat(LoopService):
             if self.sync_clock is not None:
                 self.sync_clock()
             now = self.clock()
-            if not heartbeat_worker(self.database, self.worker_id, now):
+            status = self.status() if self.status is not None else None
+            if not heartbeat_worker(self.database, self.worker_id, now, status):
                 self.register(now)
                 logger.warning(
                     "Worker %s found its row gone (deleted after a silence longer than %d "

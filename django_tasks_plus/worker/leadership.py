@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
+
+from django.utils import timezone
 
 from ..db.leadership import LeaderLock, leader_lock
 from .services import ThreadService
@@ -30,7 +33,8 @@ class LeaderElection(ThreadService):
 
     ``on_change(True)`` is called on this thread when the worker becomes leader,
     ``on_change(False)`` when it stops leading (lost, or at shutdown); ``is_leader`` is
-    what was last reported.
+    what was last reported, and ``since`` when it became true (``clock``'s time; None
+    while a follower). The heartbeat writes them on the worker's row.
     """
 
     name = "tasks-leadership"
@@ -44,6 +48,7 @@ class LeaderElection(ThreadService):
         lease_seconds: float,
         on_change: Callable[[bool], None],
         lock: LeaderLock | None = None,
+        clock: Callable[[], datetime] = timezone.now,
     ) -> None:
         super().__init__(database)
         self.backend_name = backend_name
@@ -51,7 +56,9 @@ class LeaderElection(ThreadService):
         self.interval = min(MAX_ELECTION_INTERVAL, max(0.05, lease_seconds / 3))
         self.on_change = on_change
         self.lock = lock or leader_lock(database, backend_name, worker_id, lease_seconds)
+        self.clock = clock
         self.is_leader = False
+        self.since: datetime | None = None
         self._failing = False
 
     def serve(self) -> None:
@@ -89,6 +96,7 @@ class LeaderElection(ThreadService):
     def _set_leader(self, leading: bool) -> None:
         if leading == self.is_leader:
             return
+        self.since = self.clock() if leading else None
         self.is_leader = leading
         if leading:
             logger.info(

@@ -3,8 +3,8 @@
 The flusher writes what this process counted (``metrics.aggregate``) every
 ``FLUSH_INTERVAL`` seconds in one upsert, and once more after every other service has
 stopped (it is started first, so it stops last and sees the reporter's final outcomes).
-The leader's pruner (``pruner.py``) deletes the per-minute rows and the flush keys past
-``RETENTION_DAYS``; the all-time totals stay.
+The leader's pruner (``pruner.py``) sums the per-minute rows past ``RETENTION_DAYS`` into
+hourly rows and deletes the flush keys past it; the all-time totals stay.
 """
 
 from __future__ import annotations

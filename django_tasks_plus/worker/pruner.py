@@ -27,7 +27,7 @@ from django.db import DatabaseError
 from ..conf import BackendSettings
 from ..db import worker_connection
 from ..db.dedup import prune_keys
-from ..db.metrics import prune_flush_keys, prune_metrics
+from ..db.metrics import prune_flush_keys, prune_hours, roll_up_minutes
 from ..db.retention import delete_finished, delete_idle_breakers, delete_old_occurrences
 from ..db.store import prune_workers
 from ..metrics.catalog import ALL_TIME
@@ -77,11 +77,17 @@ def sweeps_for(settings: BackendSettings) -> list[Sweep]:
             )
         )
     if settings.metrics.enabled:
-        minutes = settings.metrics.retention
+        minutes, hours = settings.metrics.retention, settings.metrics.hourly_retention
         sweeps += [
+            # Minutes are moved into hourly rows (never deleted uncounted), then old
+            # hours deleted.
             Sweep(
-                "metric minutes",
-                lambda now, limit: prune_metrics(database, alias, now - minutes, ALL_TIME, limit),
+                "metric minutes rolled up",
+                lambda now, limit: roll_up_minutes(database, alias, now - minutes, ALL_TIME, limit),
+            ),
+            Sweep(
+                "metric hours",
+                lambda now, limit: prune_hours(database, alias, now - hours, limit),
             ),
             Sweep(
                 "metrics flush keys",
