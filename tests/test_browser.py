@@ -1,9 +1,10 @@
 """The admin in a real browser: headless Chromium (Debian's, driven by Playwright) against
 a live server and a real ``runtasks`` worker.
 
-Two walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
+Three walks. An operator logs in, reads the overview (its SVG charts must be drawn, not
 just present in the markup), opens a dead task, redrives it and watches it succeed, and
-opens the workers and breakers pages. Then every admin page of the app, with a task in
+opens the workers and breakers pages (the task's page shows the run
+without a reload: it is live). Then every admin page of the app, with a task in
 each state the docs describe, is opened at 1280 px with Django's sidebar open and at
 390 px (a phone), in the light and the dark scheme, and held to
 layout rules: no page wider than the screen, no list column cut off by the list's
@@ -11,6 +12,8 @@ scrolling box, rows a few lines tall with task paths on one line, chart text of 
 10 px, breadcrumbs on their bar and object tools that do not overlap, and each page's
 own (the schedules list keeps name, next and last run on screen). One test walks them
 all (one login, one seeded database) so the matrix costs seconds, not a test per page.
+A third walks the live pages (a task's page, the overview, a queue's list: they refresh
+in place, pause, and stop saying why) on Playwright's clock.
 
 Screenshots are saved under ``$DTP_SCREENSHOTS`` (default: the test's tmp dir; the
 layout walk saves one per page, size and scheme only with ``DTP_LAYOUT_SHOTS=1``);
@@ -40,7 +43,6 @@ from django_tasks_plus.metrics.catalog import BUCKET_NAMES, sum_name
 from django_tasks_plus.models import MetricRecord, TaskRecord
 from django_tasks_plus.schedules import Every, api
 from tests import tasks
-from tests.conftest import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 playwright_sync = pytest.importorskip(
@@ -200,16 +202,14 @@ def test_operator_redrives_a_dead_task_in_the_browser(
     assert "upstream refused order 7" in page.locator(".dtp-attempts").inner_text()
     page.screenshot(path=shots / "admin-task-dead.png", full_page=True)
 
-    # Redrive it, and reload until the worker has run it.
+    # Redrive it, and watch the worker run it: the live page updates itself, no reload.
     page.get_by_role("button", name="Redrive").click()
     page.wait_for_selector(".messagelist")
     assert "edriven" in page.locator(".messagelist").inner_text()
-
-    def successful() -> bool:
-        page.reload()
-        return page.locator(".field-status_line .dtp-badge-successful").count() == 1
-
-    wait_for(successful, timeout=45, interval=0.5)
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    page.locator(".field-status_line .dtp-badge-successful").wait_for(timeout=45_000)
+    assert page.evaluate("() => window.dtpMarker === 1")
+    assert "edriven" in page.locator(".messagelist").inner_text()  # the same page
     assert TaskRecord.objects.get(pk=dead.id).return_value == 7
     page.screenshot(path=shots / "admin-task-redriven.png", full_page=True)
 
@@ -559,3 +559,134 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
             finally:
                 page.context.close()
     assert not problems, "\n".join(problems)
+
+
+# -- live pages ----------------------------------------------------------------------------
+
+
+# What a browser does when the tab goes to the background or comes back.
+SET_VISIBILITY = """(state) => {
+  Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => state});
+  document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def test_live_pages_refresh_in_place_and_pause(live_server, page, django_user_model):
+    """The task page, the overview and a queue's list refresh without a reload (a marker
+    set in the page survives), the task page stops while paused and resumes from the
+    keyboard, a task deleted meanwhile stops its page with the reason and a retry, the
+    overview waits while its tab is hidden, and the list's notice leaves the operator's
+    selection alone. The page's clock is Playwright's, so five-second polls take no five
+    seconds."""
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    later = timezone.now() + timedelta(hours=1)
+    watched = tasks.add.using(run_after=later).enqueue(2, 3)
+    tasks.add.using(run_after=later).enqueue(4, 5)
+    base = live_server.url
+    page.clock.install()
+    log_in(page, base)
+    toggle = page.locator(".dtp-live-toggle")
+    status_line = page.locator(".field-status_line")
+
+    def poll_once() -> None:
+        page.clock.fast_forward(5_500)
+
+    def refreshed_until(condition: str) -> None:
+        """Move the page's clock a poll ahead until ``condition`` (JavaScript) holds: a
+        request may still be on its way when the clock jumps (the next one then waits)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            poll_once()
+            try:
+                page.wait_for_function(condition, timeout=1_000)
+                return
+            except playwright_sync.TimeoutError:
+                continue
+        bar = page.locator(".dtp-live").inner_text()
+        raise AssertionError(f"not refreshed to {condition} within 30 s; the bar says {bar!r}")
+
+    def still_the_same_document() -> bool:
+        return page.evaluate("() => window.dtpMarker === 1")
+
+    # The task page: the worker's progress shows without a reload.
+    page.goto(f"{base}{ADMIN}taskrecord/{watched.id}/change/")
+    assert toggle.inner_text() == "Live ●" and toggle.get_attribute("aria-pressed") == "true"
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    # While the operator has the id selected (to copy it), its region waits.
+    page.evaluate(
+        "() => getSelection().selectAllChildren(document.querySelector('.field-id .readonly'))"
+    )
+    now = timezone.now()
+    TaskRecord.objects.filter(pk=watched.id).update(
+        status=TaskResultStatus.RUNNING, attempt=1, started_at=now, last_attempted_at=now
+    )
+    assert "Run now" in page.locator("#dtp-live-actions").text_content()
+    # The buttons refresh (a RUNNING task cannot be run now); the fields wait.
+    refreshed_until(
+        "() => !document.querySelector('#dtp-live-actions').textContent.includes('Run now')"
+    )
+    assert status_line.locator(".dtp-badge-ready").count() == 1
+    assert page.evaluate("() => getSelection().toString()") == str(watched.id)
+    page.evaluate("() => getSelection().removeAllRanges()")
+    refreshed_until("() => !!document.querySelector('.field-status_line .dtp-badge-running')")
+    assert "Cancel task" in page.locator("#dtp-live-actions").text_content()
+
+    # Paused: the task finishes, the page does not change.
+    toggle.click()
+    assert toggle.inner_text() == "Paused" and toggle.get_attribute("aria-pressed") == "false"
+    TaskRecord.objects.filter(pk=watched.id).update(
+        status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now(), return_value=5
+    )
+    for _round in range(3):
+        poll_once()
+    page.wait_for_timeout(500)
+    assert status_line.locator(".dtp-badge-running").count() == 1
+    # Resumed from the keyboard: refreshed at once.
+    toggle.focus()
+    page.keyboard.press("Enter")
+    status_line.locator(".dtp-badge-successful").wait_for()
+    assert toggle.get_attribute("aria-pressed") == "true"
+    assert "Delete task" in page.locator("#dtp-live-actions").text_content()
+    assert still_the_same_document()
+
+    # Deleted meanwhile: updates stop, saying why, with a retry.
+    TaskRecord.objects.filter(pk=watched.id).delete()
+    stopped = page.locator(".dtp-live [role=alert]")
+    refreshed_until("() => document.querySelector('.dtp-live-alert').textContent !== ''")
+    assert stopped.inner_text() == "Updates stopped: this task no longer exists"
+    assert page.locator(".dtp-live-retry").is_visible()
+
+    # The overview: a card counts the new task, once the tab is shown again.
+    page.goto(f"{base}{ADMIN}taskrecord/overview/")
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    due = page.locator("#dtp-live-cards .dtp-card").first.locator(".dtp-card-value")
+    assert due.inner_text() == "0"
+    page.evaluate(SET_VISIBILITY, "hidden")  # headless tabs are never hidden: say so
+    tasks.add.enqueue(6, 7)
+    for _round in range(3):
+        poll_once()
+    page.wait_for_timeout(500)
+    assert due.inner_text() == "0"
+    assert "hidden" in page.locator(".dtp-live-status").inner_text()
+    page.evaluate(SET_VISIBILITY, "visible")
+    page.wait_for_function(
+        "() => document.querySelector('#dtp-live-cards .dtp-card-value').textContent === '1'"
+    )
+    assert still_the_same_document()
+
+    # A queue's list: a notice of the new task; the selected row stays selected.
+    page.goto(f"{base}{ADMIN}taskrecord/?queue_name=default")
+    page.evaluate("() => { window.dtpMarker = 1; }")
+    selected = page.locator("#result_list input.action-select").first
+    selected.check()
+    assert "1 of 2 selected" in page.locator(".action-counter").inner_text()
+    tasks.add.enqueue(8, 9)
+    refreshed_until("() => !!document.querySelector('#dtp-live-list .dtp-live-notice')")
+    notice = page.locator("#dtp-live-list .dtp-live-notice")
+    assert "1 new, 0 changed, 0 no longer on it" in notice.inner_text()
+    assert selected.is_checked()
+    assert "1 of 2 selected" in page.locator(".action-counter").inner_text()
+    assert still_the_same_document()
+    notice.get_by_role("link", name="Reload the list").click()
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 3

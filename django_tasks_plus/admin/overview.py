@@ -30,11 +30,18 @@ from ..metrics.aggregate import enabled_targets
 from ..models import ScheduleRecord
 from ..operations import database_backend
 from ..waiting import LABELS, Capped, Reason
-from . import display, overview_charts
+from . import display, live, overview_charts
 from .filters import configured_backends
 
 TEMPLATE = "admin/django_tasks_plus/overview.html"
 URL_NAME = "django_tasks_plus_taskrecord_overview"
+LIVE_URL_NAME = "django_tasks_plus_taskrecord_overview_live"
+# Page element id -> its template under live/ (the page includes the same ones).
+LIVE_REGIONS = {
+    "dtp-live-cards": "overview_cards.html",
+    "dtp-queues": "overview_queues.html",
+    "dtp-breakers": "overview_breakers.html",
+}
 HOUR, DAY = timedelta(hours=1), timedelta(days=1)
 EMPTY = "-"  # as Django's empty_value_display
 
@@ -66,6 +73,42 @@ class Window:
 
 def overview_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
     """The page; the caller wraps it in ``admin_site.admin_view`` (login, staff)."""
+    context = _page_context(model_admin, request)
+    if "problem" not in context:
+        context.update(
+            build(
+                context["backend"],
+                timezone.now(),
+                model_admin.admin_site.name,
+                filter_backend=len(context["backends"]) > 1,
+                chart_options=overview_charts.chart_options(request.GET),
+            )
+        )
+        query = request.GET.urlencode()
+        url = reverse(f"{model_admin.admin_site.name}:{LIVE_URL_NAME}")
+        context.update(live.bar_context(url + (f"?{query}" if query else "")))
+    return TemplateResponse(request, TEMPLATE, context)
+
+
+def overview_live_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """The JSON ``live.js`` polls: the regions read from the task table now (cards,
+    queues, circuits). Rates, latencies and charts stay as the page drew them."""
+    context = _page_context(model_admin, request)
+    if "problem" in context:
+        return live.problem_response(context["problem"], 400)
+    context.update(
+        gauges(
+            context["backend"],
+            timezone.now(),
+            model_admin.admin_site.name,
+            filter_backend=len(context["backends"]) > 1,
+        )
+    )
+    return live.regions_response(request, LIVE_REGIONS, context)
+
+
+def _page_context(model_admin: admin.ModelAdmin, request: HttpRequest) -> dict[str, Any]:
+    """The page's frame and the backend it shows (``problem``: none can be shown)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     backends = sorted(configured_backends())
@@ -85,35 +128,19 @@ def overview_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpRe
             if backend
             else _("No TASKS entry uses django_tasks_plus.backend.DatabaseBackend.")
         )
-    else:
-        context.update(
-            build(
-                backend,
-                timezone.now(),
-                model_admin.admin_site.name,
-                filter_backend=len(backends) > 1,
-                chart_options=overview_charts.chart_options(request.GET),
-            )
-        )
-    return TemplateResponse(request, TEMPLATE, context)
+    return context
 
 
-def build(
-    backend: str,
-    now: datetime,
-    site: str = "admin",
-    *,
-    filter_backend: bool = False,
-    chart_options: overview_charts.ChartOptions | None = None,
+def gauges(
+    backend: str, now: datetime, site: str = "admin", *, filter_backend: bool = False
 ) -> dict[str, Any]:
-    """The page's numbers and charts for one backend, read now. ``filter_backend``: the
-    links to the task list name the backend (when there are several). ``chart_options``:
-    the charts' range and filters (``overview_charts``)."""
+    """What the page reads from the task table now (cards, queues, circuits, schedules):
+    what a live refresh redraws, without the metrics' rates and charts."""
     links = _Links(site, backend if filter_backend else None)
     queues = metrics.queue_waiting(backend, now=now)
     workers = metrics.workers(backend, now=now)
     circuits_open = [b for b in circuits.breaker_states(backend) if b.state != "closed"]
-    context: dict[str, Any] = {
+    return {
         "reasons": [
             {"value": reason.value, "short": _(reason.value), "label": _(label)}
             for reason, label in LABELS.items()
@@ -140,6 +167,20 @@ def build(
         "schedules_url": reverse(f"{site}:django_tasks_plus_schedulerecord_changelist")
         + ("?" + urlencode({"backend_name": backend}) if filter_backend else ""),
     }
+
+
+def build(
+    backend: str,
+    now: datetime,
+    site: str = "admin",
+    *,
+    filter_backend: bool = False,
+    chart_options: overview_charts.ChartOptions | None = None,
+) -> dict[str, Any]:
+    """The page's numbers and charts for one backend, read now. ``filter_backend``: the
+    links to the task list name the backend (when there are several). ``chart_options``:
+    the charts' range and filters (``overview_charts``)."""
+    context = gauges(backend, now, site, filter_backend=filter_backend)
     target = enabled_targets().get(backend)
     context["metrics_enabled"] = target is not None
     if target is None:
@@ -168,7 +209,7 @@ def build(
             backend,
             now,
             chart_options or overview_charts.ChartOptions(),
-            queues=[queue.queue for queue in queues],
+            queues=[row["queue"] for row in context["queues"]],
             minutes_kept=target.metrics.retention,
             backend_in_links=filter_backend,
         )

@@ -8,21 +8,23 @@ Django's CSRF check, each behind its own permission (``actions.py``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, QuerySet, TextField, When
 from django.db.models.functions import Cast
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
-from django.views.decorators.http import require_POST
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
 
 from .. import compat
 from ..breaker import split_scoped_key
@@ -34,7 +36,7 @@ from ..selection import BadFilter, check_parameters, with_search
 from ..stored import error_list
 from ..waiting import Waiting, max_attempts_of, waiting_reason
 from . import actions as ops
-from . import display, html, overview
+from . import display, html, live, overview
 from .base import ReadOnlyAdmin
 from .filters import (
     NOT_FILTERS,
@@ -60,6 +62,18 @@ BAD_FILTER_TEMPLATE = "admin/django_tasks_plus/taskrecord/bad_filter.html"
 NO_FILTER = "no filter"  # what describe_filter() says of a page without one
 MATCHING = "django_tasks_plus_taskrecord_matching"
 LIST_MATCHING = "django_tasks_plus_taskrecord_list_matching"
+# The live views' names end as their pages' do: get_queryset loads the list's columns.
+LIVE_LIST = "django_tasks_plus_taskrecord_live_changelist"
+LIVE_DEAD_LETTERS = "django_tasks_plus_taskrecord_live_deadletters"
+LIVE_TASK = "django_tasks_plus_taskrecord_live"
+# The task page's live regions: element id -> template under live/.
+TASK_REGIONS = {
+    "dtp-live-actions": "task_actions.html",
+    "dtp-live-callouts": "task_callouts.html",
+    "dtp-live-fields": "task_fields.html",
+    "dtp-live-attempts": "task_attempts.html",
+}
+LIST_REGIONS = {"dtp-live-list": "list_notice.html"}
 HELD_WARNING = _(
     "A circuit breaker holds this task: run now makes it due, but while its circuit is "
     "open the worker's breaker holds it again at its claim. Close the circuit first to "
@@ -129,6 +143,26 @@ def waiting_of(record: TaskRecord, now: datetime) -> Waiting | None:
         now=now,
         max_attempts=budget,
     )
+
+
+def _row_token(record: TaskRecord) -> str:
+    """A list row's state, as far as its columns show it (``live.row_token``)."""
+    return live.row_token(
+        record.pk,
+        record.status,
+        record.attempt,
+        record.run_after,
+        record.held_since,
+        record.finished_at,
+        record.ordering_blocked,
+        record.queue_name,
+        getattr(record, "blocker", None),
+    )
+
+
+def _live(view: Any) -> Any:
+    """A live page's JSON view: read-only GETs (no CSRF token to send), never cached."""
+    return require_GET(never_cache(view))
 
 
 def _is_dead_view(request: HttpRequest) -> bool:
@@ -275,7 +309,43 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             "matching_links": self._matching_links(request, LIST_MATCHING, TASK_MATCHING),
             **(extra_context or {}),
         }
-        return super().changelist_view(request, context)
+        response = super().changelist_view(request, context)
+        shown = getattr(response, "context_data", None) or {}
+        if "cl" in shown:  # the list itself (not a redirect after an action)
+            query = request.GET.copy()
+            query[live.ROWS_PARAM] = ",".join(_row_token(row) for row in shown["cl"].result_list)
+            name = LIVE_DEAD_LETTERS if _is_dead_view(request) else LIVE_LIST
+            url = reverse(f"{self.admin_site.name}:{name}") + "?" + query.urlencode()
+            shown.update(live.bar_context(url))
+        return response
+
+    def live_list_view(self, request: HttpRequest, *, dead_letters: bool = False) -> HttpResponse:
+        """The list's JSON for ``live.js``: how the rows of the page the user sees (the
+        same filter, order and page; ``live_rows``: their state when drawn) differ now."""
+        request._dtp_dead_letters = dead_letters  # type: ignore[attr-defined]
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        query = request.GET.copy()
+        sent = query.pop(live.ROWS_PARAM, [""])[-1]
+        # The list reads its filter from request.GET: the same one, without live_rows.
+        request.GET = QueryDict(query.urlencode())
+        try:
+            shown = live.parse_rows(sent)
+        except live.BadRows as exc:
+            return live.problem_response(str(exc), 400)
+        problems = self.filter_problems(request)
+        if problems:
+            return live.problem_response(" ".join(str(problem) for problem in problems), 400)
+        try:
+            changelist = self.get_changelist_instance(request)
+        except admin.options.IncorrectLookupParameters as exc:
+            return live.problem_response(str(exc) or str(_("This filter cannot be applied.")), 400)
+        page = reverse("admin:" + DEAD_LETTERS) if dead_letters else reverse(CHANGELIST)
+        context = {
+            "changes": live.compare(shown, [_row_token(row) for row in changelist.result_list]),
+            "reload_url": page + (f"?{query.urlencode()}" if query else ""),
+        }
+        return live.regions_response(request, LIST_REGIONS, context)
 
     # -- columns --------------------------------------------------------------------------
 
@@ -531,7 +601,35 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         context = dict(extra_context or {})
         if record is not None and self.has_view_permission(request, record):
             context.update(self._page_context(request, record))
+            url = reverse(f"{self.admin_site.name}:{LIVE_TASK}", args=[record.pk])
+            context.update(live.bar_context(url))
         return super().change_view(request, object_id, form_url, context)
+
+    def live_task_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The task page's JSON for ``live.js``: its buttons, fields and attempts as
+        they are now, rendered from the templates the page includes."""
+        record = self.get_object(request, unquote(object_id))
+        if record is None:
+            if not self.has_view_permission(request):
+                raise PermissionDenied
+            return live.problem_response(str(_("this task no longer exists")), 404)
+        if not self.has_view_permission(request, record):
+            raise PermissionDenied
+        context = {
+            **self._page_context(request, record),
+            "adminform": self._read_only_form(request, record),
+            "original": record,
+            "opts": self.opts,
+        }
+        return live.regions_response(request, TASK_REGIONS, context)
+
+    def _read_only_form(self, request: HttpRequest, record: TaskRecord) -> helpers.AdminForm:
+        """The task's fieldsets as ``change_view`` builds them for a user who may only
+        view (every row here is read-only: no one may change it)."""
+        fieldsets = list(self.get_fieldsets(request, record))
+        fields = flatten_fieldsets(fieldsets)
+        form = self.get_form(request, record, change=True, fields=fields)(instance=record)
+        return helpers.AdminForm(form, cast(Any, fieldsets), {}, fields, model_admin=self)
 
     def _page_context(self, request: HttpRequest, record: TaskRecord) -> dict[str, Any]:
         now = timezone.now()
@@ -675,7 +773,18 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         return [
             # The overview page (admin/overview.py), linked from the app index.
             path("overview/", wrap(self.overview_view), name=overview.URL_NAME),
+            path(
+                "overview/live/",
+                wrap(_live(self.overview_live_view)),
+                name=overview.LIVE_URL_NAME,
+            ),
+            path("live/", wrap(_live(self.live_list_view)), name=LIVE_LIST),
             path("dead-letters/", wrap(self.dead_letters_view), name=DEAD_LETTERS),
+            path(
+                "dead-letters/live/",
+                wrap(_live(self.live_dead_letters_view)),
+                name=LIVE_DEAD_LETTERS,
+            ),
             path(
                 "dead-letters/<str:operation>-matching/",
                 wrap(self.matching_view),
@@ -686,6 +795,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
                 wrap(self.list_matching_view),
                 name=LIST_MATCHING,
             ),
+            path("<path:object_id>/live/", wrap(_live(self.live_task_view)), name=LIVE_TASK),
             path(
                 "<path:object_id>/act/<str:operation>/",
                 wrap(require_POST(self.act_view)),
@@ -696,6 +806,12 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         return overview.overview_view(self, request)
+
+    def overview_live_view(self, request: HttpRequest) -> HttpResponse:
+        return overview.overview_live_view(self, request)
+
+    def live_dead_letters_view(self, request: HttpRequest) -> HttpResponse:
+        return self.live_list_view(request, dead_letters=True)
 
     def dead_letters_view(self, request: HttpRequest) -> HttpResponse:
         """The FAILED tasks, newest first, with reason and last error; the list's own
