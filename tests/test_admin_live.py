@@ -127,12 +127,19 @@ def test_the_task_page_follows_its_task(admin_client):
     assert f'data-dtp-live-url="{task_live(record.id)}"' in page
     before = regions(admin_client.get(task_live(record.id)))
     assert set(before) == {
+        "dtp-live-subtitle",
         "dtp-live-actions",
         "dtp-live-callouts",
         "dtp-live-fields",
         "dtp-live-attempts",
     }
     assert "dtp-badge-ready" in before["dtp-live-fields"]
+    assert "[READY]" in before["dtp-live-subtitle"]
+    # The page's heading is the same region, so it follows the task too.
+    assert (
+        f'<h2 id="dtp-live-subtitle" data-dtp-live-region>{before["dtp-live-subtitle"]}</h2>'
+        in page
+    )
     assert "Cancel task" in before["dtp-live-actions"]
     assert "csrfmiddlewaretoken" in before["dtp-live-actions"]  # the buttons still POST
     assert "No attempt yet." in before["dtp-live-attempts"]
@@ -149,6 +156,7 @@ def test_the_task_page_follows_its_task(admin_client):
     )
     after = regions(admin_client.get(task_live(record.id)))
     assert "dtp-badge-successful" in after["dtp-live-fields"]
+    assert "[SUCCESSFUL]" in after["dtp-live-subtitle"]
     assert "dtp-badge-ready" not in after["dtp-live-fields"]
     assert "field-return_json" in after["dtp-live-fields"]
     assert "Cancel task" not in after["dtp-live-actions"]

@@ -68,6 +68,7 @@ LIVE_DEAD_LETTERS = "django_tasks_plus_taskrecord_live_deadletters"
 LIVE_TASK = "django_tasks_plus_taskrecord_live"
 # The task page's live regions: element id -> template under live/.
 TASK_REGIONS = {
+    "dtp-live-subtitle": "task_subtitle.html",  # the task's name shows its status
     "dtp-live-actions": "task_actions.html",
     "dtp-live-callouts": "task_callouts.html",
     "dtp-live-fields": "task_fields.html",
@@ -619,6 +620,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             **self._page_context(request, record),
             "adminform": self._read_only_form(request, record),
             "original": record,
+            "subtitle": str(record),
             "opts": self.opts,
         }
         return live.regions_response(request, TASK_REGIONS, context)
