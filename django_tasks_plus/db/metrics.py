@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Count, F, Min, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 
 from ..compat import TaskResultStatus
 from ..models import MetricFlush, MetricHour, MetricRecord, TaskRecord, WorkerRecord
@@ -297,9 +297,10 @@ def _filtered(
 
 
 def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, Any]]:
-    """Per queue and status (READY, RUNNING, FAILED): how many tasks, how many READY ones
-    are not due yet, and the oldest due ``run_after``. Grouped on the (status, queue)
-    index; READY and RUNNING are few, FAILED is counted without reading its rows' times."""
+    """Per queue and status (READY, RUNNING, FAILED): how many tasks, and how many READY
+    ones are not due yet. Grouped on the (status, queue) index; READY and RUNNING are
+    few, FAILED is counted without reading its rows' times. (The oldest task that could
+    run now is ``db/waiting.oldest_runnable``'s: a due task may be blocked.)"""
     live = (
         TaskRecord.objects.using(database)
         .filter(
@@ -310,7 +311,6 @@ def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, A
         .annotate(
             count=Count("id"),
             scheduled=Count("id", filter=Q(run_after__gt=now)),
-            oldest_due=Min("run_after", filter=Q(run_after__lte=now)),
         )
         .order_by()
     )
@@ -322,7 +322,7 @@ def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, A
         .order_by()
     )
     return [dict(row) for row in live] + [
-        {**row, "scheduled": 0, "oldest_due": None} for row in dead
+        {**row, "scheduled": 0} for row in dead
     ]
 
 
