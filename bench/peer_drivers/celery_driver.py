@@ -87,12 +87,9 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     """
     reset()
     ids = _batch(args.tasks)
-    with peerkit.Workers() as workers:
-        started = time.perf_counter()
-        workers.start(worker_command(args.processes), 1)
-        peerkit.wait_done(workers, lambda: _finished() >= args.tasks, args.timeout, "drain")
-        wall = time.perf_counter() - started
-        memory = workers.memory()
+    wall, memory = peerkit.timed_drain(
+        worker_command(args.processes), 1, lambda: _finished() >= args.tasks, args.timeout
+    )
     metas = _metas(ids)
     failed = sum(meta["status"] != "SUCCESS" for meta in metas)
     if failed or len(metas) < args.tasks:

@@ -70,12 +70,9 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         cursor.execute(f"VACUUM ANALYZE {DBTaskResult._meta.db_table}")
     connection.close()
     succeeded = DBTaskResult.objects.successful()
-    with peerkit.Workers() as workers:
-        started = time.perf_counter()
-        workers.start(WORKER, args.processes)
-        peerkit.wait_done(workers, lambda: succeeded.count() >= args.tasks, args.timeout, "drain")
-        wall = time.perf_counter() - started
-        memory = workers.memory()
+    wall, memory = peerkit.timed_drain(
+        WORKER, args.processes, lambda: succeeded.count() >= args.tasks, args.timeout
+    )
     if DBTaskResult.objects.exclude(status="SUCCESSFUL").exists():
         raise RuntimeError("some django-tasks-db tasks did not succeed")
     span = DBTaskResult.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))

@@ -106,12 +106,9 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     with client() as (loop, oban):
         _batch(loop, oban, args.tasks)
     sql("VACUUM ANALYZE oban_jobs")
-    with peerkit.Workers() as workers:
-        started = time.perf_counter()
-        workers.start(WORKER, args.processes)
-        peerkit.wait_done(workers, lambda: _completed() >= args.tasks, args.timeout, "drain")
-        wall = time.perf_counter() - started
-        memory = workers.memory()
+    wall, memory = peerkit.timed_drain(
+        WORKER, args.processes, lambda: _completed() >= args.tasks, args.timeout
+    )
     other = sql("SELECT count(*) FROM oban_jobs WHERE state <> 'completed'")[0][0]
     if other:
         raise RuntimeError(f"{other} oban jobs did not complete")

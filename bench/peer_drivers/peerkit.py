@@ -133,6 +133,20 @@ def wait_done(
         raise RuntimeError(f"{what} not done after {timeout:.0f} s: {workers.log_tail()}")
 
 
+def timed_drain(
+    command: Sequence[str], count: int, done: Callable[[], bool], timeout: float
+) -> tuple[float, dict[str, float]]:
+    """Start ``count`` worker processes of ``command`` over a queue filled beforehand and
+    wait for ``done()``: the wall time from their start, and their peak memory."""
+    with Workers() as workers:
+        started = time.perf_counter()
+        workers.start(command, count)
+        wait_done(workers, done, timeout, "drain")
+        wall = time.perf_counter() - started
+        memory = workers.memory()
+    return wall, memory
+
+
 def timed(count: int, action: Callable[[], None]) -> dict[str, float]:
     """Rate of one timed block that handles ``count`` tasks."""
     started = time.perf_counter()

@@ -98,12 +98,9 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     with client() as (run, queries):
         _batch(run, queries, args.tasks)
     sql("VACUUM ANALYZE pgqueuer")
-    with peerkit.Workers() as workers:
-        started = time.perf_counter()
-        workers.start(WORKER, args.processes)
-        peerkit.wait_done(workers, lambda: _succeeded() >= args.tasks, args.timeout, "drain")
-        wall = time.perf_counter() - started
-        memory = workers.memory()
+    wall, memory = peerkit.timed_drain(
+        WORKER, args.processes, lambda: _succeeded() >= args.tasks, args.timeout
+    )
     left = sql("SELECT count(*) FROM pgqueuer")[0][0]
     if left:
         raise RuntimeError(f"{left} pgqueuer jobs still queued or failed")

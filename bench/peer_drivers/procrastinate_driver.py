@@ -82,12 +82,9 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     with app.open():
         _batch(args.tasks)
     sql("VACUUM ANALYZE procrastinate_jobs")
-    with peerkit.Workers() as workers:
-        started = time.perf_counter()
-        workers.start(WORKER, args.processes)
-        peerkit.wait_done(workers, lambda: _count("succeeded") >= args.tasks, args.timeout, "drain")
-        wall = time.perf_counter() - started
-        memory = workers.memory()
+    wall, memory = peerkit.timed_drain(
+        WORKER, args.processes, lambda: _count("succeeded") >= args.tasks, args.timeout
+    )
     failed = sql("SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'")[0][0]
     if failed:
         raise RuntimeError(f"{failed} procrastinate jobs did not succeed")
