@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -44,6 +45,26 @@ def django_env(database_url: str) -> dict[str, str]:
         "DEBUG": "false",
         "TASKS_LOG_LEVEL": "WARNING",
     }
+
+
+def recreate_database(name: str) -> None:
+    """Drop the PostgreSQL database ``name`` (ending its sessions) and create it empty."""
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def migrated_database(name: str) -> dict[str, str]:
+    """A new, migrated database ``name`` for this checkout (bytecode written first), and
+    the environment of a Django process that uses it."""
+    recreate_database(name)
+    precompile(REPO)
+    env = django_env(f"postgres://root@127.0.0.1:5432/{name}")
+    manage = [sys.executable, str(TESTPROJECT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
+    return env
 
 
 def precompile(checkout: Path = REPO) -> None:

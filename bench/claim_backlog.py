@@ -36,7 +36,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from benchenv import PG_SERVER, REPO  # noqa: E402
+from benchenv import PG_SERVER, REPO, recreate_database  # noqa: E402
 
 TASKS = "django_tasks_plus_taskrecord"
 UNSERVED_QUEUE = "emails"
@@ -62,14 +62,6 @@ def env_for(repo: Path, database: str) -> dict[str, str]:
         "TASKS_LOG_LEVEL": "WARNING",
         "EXTRA_TASK_MODULES": "benchtasks",
     }
-
-
-def recreate(database: str) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {database}")
 
 
 def add_backlog(dsn: str, count: int, queue: str, priority: int, due_in: int) -> None:
@@ -149,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo).resolve()
     env = env_for(repo, args.database)
     dsn = f"{PG_SERVER}/{args.database}"
-    recreate(args.database)
+    recreate_database(args.database)
     manage = [sys.executable, str(repo / "testproject" / "manage.py")]
     subprocess.run([*manage, "migrate", "-v", "0"], env=env, check=True)
     worker = subprocess.Popen(

@@ -39,17 +39,13 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from benchenv import PG_SERVER, django_env  # noqa: E402
+from benchenv import django_env, recreate_database  # noqa: E402
 
 IDLE_TICKS = 50
 
 
 def recreate_pg(database: str) -> str:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{database}"')
+    recreate_database(database)
     return f"postgres://root@127.0.0.1:5432/{database}"
 
 

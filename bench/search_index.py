@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchenv import PG_SERVER, REPO, RESULTS, django_env, precompile
+from benchenv import RESULTS, migrated_database
 
 SIDES = ("without", "with")
 WORKLOADS = ("single", "bulk")
@@ -119,15 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.inside:
         return run(args)
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {args.database}")
-    precompile(REPO)
-    env = django_env(f"{PG_SERVER.replace('postgresql', 'postgres')}/{args.database}")
-    manage = [sys.executable, str(REPO / "testproject" / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
+    env = migrated_database(args.database)
     return subprocess.run(
         [sys.executable, __file__, "--inside", *(argv or sys.argv[1:])], env=env, check=False
     ).returncode

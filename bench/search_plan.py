@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from benchenv import PG_SERVER, REPO, django_env, precompile
+from benchenv import migrated_database
 
 SEARCHES = ("arg:123456", "kwarg:user_id=123456", 'meta:tenant="t7"', 'meta:tenant="nobody"')
 
@@ -81,15 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.inside:
         return run(args)
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {args.database}")
-    precompile(REPO)
-    env = django_env(f"{PG_SERVER.replace('postgresql', 'postgres')}/{args.database}")
-    manage = [sys.executable, str(REPO / "testproject" / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
+    env = migrated_database(args.database)
     return subprocess.run(
         [sys.executable, __file__, "--inside", *(argv or sys.argv[1:])], env=env, check=False
     ).returncode

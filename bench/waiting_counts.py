@@ -32,7 +32,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from benchenv import MANAGE, PG_SERVER, REPO  # noqa: E402
+from benchenv import MANAGE, PG_SERVER, REPO, recreate_database  # noqa: E402
 
 TASKS = "django_tasks_plus_taskrecord"
 # (share of the rows, seconds until due, attempt, held, ordering key every n-th row)
@@ -60,9 +60,7 @@ def env_for(database: str) -> dict[str, str]:
 def fill(database: str, rows: int) -> None:
     import psycopg
 
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {database}")
+    recreate_database(database)
     subprocess.run(
         [sys.executable, str(MANAGE), "migrate", "-v", "0"], env=env_for(database), check=True
     )
