@@ -321,9 +321,7 @@ def queue_counts(database: str, backend: str, now: datetime) -> list[dict[str, A
         .annotate(count=Count("id"))
         .order_by()
     )
-    return [dict(row) for row in live] + [
-        {**row, "scheduled": 0} for row in dead
-    ]
+    return [dict(row) for row in live] + [{**row, "scheduled": 0} for row in dead]
 
 
 def running_and_dead(database: str, backend: str) -> dict[str, dict[str, int]]:
