@@ -335,7 +335,21 @@ class BreakerRecord(models.Model):
         return f"{self.name}/{self.key} [{self.state}]"
 
 
-class MetricRecord(models.Model):
+class _MetricRow(models.Model):
+    """The columns a stored metric number has at every resolution (minute, hour): the
+    backend, queue and task path it counts for, its name and its value."""
+
+    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
+    queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
+    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
+    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
+    value = models.BigIntegerField(_("value"), default=0)
+
+    class Meta:
+        abstract = True
+
+
+class MetricRecord(_MetricRow):
     """One number of one minute: a counter, or one histogram bucket or sum, per backend,
     queue and task path (``metrics/``).
 
@@ -345,12 +359,7 @@ class MetricRecord(models.Model):
     their hours' rows (``MetricHour``).
     """
 
-    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
     minute = models.DateTimeField(_("minute"))
-    queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
-    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
-    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
-    value = models.BigIntegerField(_("value"), default=0)
 
     class Meta:
         verbose_name = _("metric")
@@ -367,7 +376,7 @@ class MetricRecord(models.Model):
         return f"{self.minute:%Y-%m-%d %H:%M} {self.queue_name} {self.task_path} {self.name}"
 
 
-class MetricHour(models.Model):
+class MetricHour(_MetricRow):
     """One number of one clock hour (UTC): the sum of that hour's per-minute rows once
     they are older than ``METRICS["RETENTION_DAYS"]`` (``db/metrics.py``,
     ``roll_up_minutes``).
@@ -377,12 +386,7 @@ class MetricHour(models.Model):
     metrics reads add both. Kept ``METRICS["HOURLY_RETENTION_DAYS"]``.
     """
 
-    backend_name = models.CharField(_("backend"), max_length=QUEUE_NAME_MAX_LENGTH)
     hour = models.DateTimeField(_("hour"))
-    queue_name = models.CharField(_("queue"), max_length=QUEUE_NAME_MAX_LENGTH)
-    task_path = models.CharField(_("task path"), max_length=TASK_PATH_MAX_LENGTH)
-    name = models.CharField(_("metric"), max_length=METRIC_NAME_MAX_LENGTH)
-    value = models.BigIntegerField(_("value"), default=0)
 
     class Meta:
         verbose_name = _("hourly metric")
