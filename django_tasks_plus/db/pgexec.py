@@ -13,8 +13,9 @@ driver errors still surface as ``django.db`` exceptions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -27,3 +28,31 @@ def fetch_all(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) 
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+@contextmanager
+def bound_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """A cursor as ``connection.cursor()`` gives it, binding on the server.
+
+    For statements on the caller's path (the enqueue INSERT): Django's wrapper stays
+    around psycopg's cursor, so execute wrappers (APM) and Django's exception types see
+    the statement as they see any query; only the binding differs. While Django logs
+    queries (``DEBUG``, ``assertNumQueries``, debug toolbars) it is Django's own cursor.
+    Nothing is prepared unless the project sets ``OPTIONS["prepare_threshold"]`` (a
+    pooler in transaction mode stays safe).
+    """
+    import psycopg
+
+    if connection.queries_logged:
+        # DEBUG or a query capture: Django's own cursor, whose log shows the values bound
+        # (a server-bound statement would be logged with $1 placeholders).
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    with connection.wrap_database_errors:
+        raw = psycopg.Cursor(connection.connection)
+    with connection.make_cursor(cast(Any, raw)) as wrapped:  # the stubs say CursorWrapper
+        yield wrapped

@@ -29,7 +29,7 @@ from .base import (
     sort_claimed,
     table,
 )
-from .pgexec import fetch_all
+from .pgexec import bound_cursor, fetch_all
 
 if TYPE_CHECKING:
     from .completions import Completion
@@ -132,6 +132,10 @@ NOTIFY_QUEUES = "SELECT pg_notify(%s, queue) FROM unnest(%s::text[]) AS queue"
 # An INSERT and its wake-up in one round trip: the insert's parameters, then NOTIFY_QUEUES'.
 INSERT_AND_NOTIFY = "WITH inserted AS ({insert}) " + NOTIFY_QUEUES
 
+# The same for the rows of one queue, every enqueue call's case: no array to build and bind.
+# Parameters: the insert's, then channel and queue.
+INSERT_AND_NOTIFY_ONE = "WITH inserted AS ({insert}) SELECT pg_notify(%s, %s)"
+
 # Bound the worker's own statements: a lock wait gives up sooner than a statement, so a
 # stalled table is noticed (logged, retried) while the lease can still be renewed.
 # And no JIT: the claim's planner estimate multiplies a guess of ~100 priority levels by
@@ -225,14 +229,15 @@ class PostgreSQLDialect(Dialect):
         statements = insert_statements(
             rows, connection, json_placeholder=self.json_param, sequence_sql=None
         )
-        with connection.cursor() as cursor:
+        with bound_cursor(connection) as cursor:
             for insert, params in statements:
-                if notify:
-                    cursor.execute(
-                        INSERT_AND_NOTIFY.format(insert=insert), [*params, NOTIFY_CHANNEL, queues]
-                    )
-                else:
+                if not notify:
                     cursor.execute(insert, params)
+                elif len(queues) == 1:
+                    cursor.execute(_notifying(insert), [*params, NOTIFY_CHANNEL, queues[0]])
+                else:
+                    statement = INSERT_AND_NOTIFY.format(insert=insert)
+                    cursor.execute(statement, [*params, NOTIFY_CHANNEL, queues])
 
     def _copy(self, connection: BaseDatabaseWrapper, rows: Sequence[Mapping[str, Any]]) -> None:
         """Stream the rows with COPY, in the caller's transaction.
@@ -389,3 +394,9 @@ def _readable(fd: int) -> bool:
         return bool(poller.poll(0))
     readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
     return bool(readable)
+
+
+@lru_cache(maxsize=64)
+def _notifying(insert: str) -> str:
+    """``insert`` with the wake-up of its one queue: the same text for the same shape."""
+    return INSERT_AND_NOTIFY_ONE.format(insert=insert)

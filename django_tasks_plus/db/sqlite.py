@@ -147,7 +147,7 @@ class SQLiteDialect(Dialect):
             rows,
             connection,
             json_placeholder=self.json_param,
-            sequence_sql=lambda index: NEXT_SEQUENCE.format(offset=index + 1),
+            sequence_sql=NEXT_SEQUENCE,
         )
         with connection.cursor() as cursor:
             for insert, params in statements:
