@@ -127,20 +127,28 @@ def insert_statements(
     time (its own per-statement caches then apply).
     """
     names = tuple(rows[0])
+    shortcuts = _shortcuts(connection)
+    fields = _fields()
     statements = []
     for start in range(0, len(rows), INSERT_CHUNK):
         chunk = rows[start : start + INSERT_CHUNK]
         params: list[Any] = []
         json_columns: list[bool] = []
         for row in chunk:
-            for name in names:
+            for name in names:  # prep() inlined: this loop is most of a single enqueue's own CPU
                 value = row[name]
                 if type(value) is JsonText:
                     json_columns.append(True)
                     params.append(str(value))
-                else:
-                    json_columns.append(False)
-                    params.append(prep(name, value, connection))
+                    continue
+                json_columns.append(False)
+                shortcut = shortcuts.get(name)
+                if shortcut is not None:
+                    ready = shortcut(value)
+                    if ready is not _USE_DJANGO:
+                        params.append(ready)
+                        continue
+                params.append(fields[name].get_db_prep_save(value, connection))
         shape = (connection.vendor, names, tuple(json_columns), json_placeholder, sequence_sql)
         text = _INSERT_TEXTS.get(shape)
         if text is None:
