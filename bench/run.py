@@ -352,7 +352,13 @@ def environment() -> dict[str, Any]:
     with psycopg.connect(PG_DSN) as conn:
         settings = {
             name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-            for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers")
+            for name in (
+                "server_version",
+                "fsync",
+                "synchronous_commit",
+                "shared_buffers",
+                "autovacuum",
+            )
         }
     import django
 
