@@ -303,6 +303,21 @@ def backlog_rows(deep: Series, reference: Series | None, drain: Series | None) -
                 fmt_ratio(ratio(ours, w2)),
             )
         )
+    if reference is not None:
+        # CPU per task moves much less with the machine's load than the rate does.
+        cpu, cpu_reference = (
+            deep.value("worker_cpu_ms_per_task"),
+            reference.value("worker_cpu_ms_per_task"),
+        )
+        rows.append(
+            Row(
+                "W6",
+                "  worker CPU per task",
+                _unit(cpu, "ms", 3),
+                f"{_unit(cpu_reference, 'ms', 3)} ({judge_label})",
+                fmt_ratio(ratio(cpu, cpu_reference)),
+            )
+        )
     enqueue = deep.value("enqueue_seconds")
     rows += [
         Row(
