@@ -6,6 +6,7 @@ bare-psycopg baselines can use it without configuring settings.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
@@ -220,3 +221,29 @@ def latency_figures(delays_ms: Iterable[float], enqueue_seconds: list[float]) ->
         "mean_enqueue_ms": statistics.fmean(enqueue_seconds) * 1000,
         "tasks": len(delays),
     }
+
+
+def phase_gaps(
+    stamps: Sequence[float], phases: Mapping[str, tuple[float, float]]
+) -> dict[str, dict[str, float]]:
+    """Per phase (name: (start, end)), the events' rate and the longest gap between two
+    consecutive events (sorted ``stamps``) that overlaps it.
+
+    A gap that spans a phase's edge counts in both phases, so a writer blocked for the
+    whole of a short phase still shows that phase's stall even if no event ends in it.
+    """
+    figures = {}
+    for name, (start, end) in phases.items():
+        count = sum(1 for stamp in stamps if start < stamp <= end)
+        gaps = [
+            later - earlier
+            for earlier, later in itertools.pairwise(stamps)
+            if earlier < end and later > start
+        ]
+        figures[name] = {
+            "seconds": end - start,
+            "enqueues": count,
+            "rate": count / (end - start) if end > start else 0.0,
+            "longest_gap_ms": 1000 * max(gaps, default=0.0),
+        }
+    return figures

@@ -48,6 +48,9 @@ from example.tasks import add  # noqa: E402
 TASKS = TaskRecord._meta.db_table
 CLAIM_INDEX = "dtp_task_claim_idx"
 CLAIM_LIMIT = 16  # default concurrency 8 + default prefetch 8
+# A deep backlog is enqueued in batches of this many calls: one ``enqueue_many`` of a
+# million would hold a million results (and their rows' values) in memory at once.
+ENQUEUE_BATCH = 100_000
 
 
 # --------------------------------------------------------------------------------------
@@ -110,6 +113,21 @@ def fill_history(rows: int, age_days: float = 1.0) -> float:
             [rows, age_days],
         )
     return time.perf_counter() - started
+
+
+def vacuum_counts() -> dict[str, int]:
+    """How often autovacuum has vacuumed and analyzed the task table (PostgreSQL)."""
+    if not is_postgres():
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT autovacuum_count, autoanalyze_count FROM pg_stat_user_tables"
+            " WHERE relid = %s::regclass",
+            [TASKS],
+        )
+        vacuums, analyzes = cursor.fetchone()
+    return {"autovacuum_count": int(vacuums), "autoanalyze_count": int(analyzes)}
 
 
 def committed_transactions() -> int | None:
@@ -252,9 +270,15 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     # The drain's worker inherits this: with "off", its leader prunes no finished task.
     os.environ["TASKS_RETENTION"] = "true" if args.retention == "on" else "false"
     since = timezone.now()
-    enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
-    vacuum_analyze()
+    started = time.perf_counter()
+    for first in range(0, args.tasks, ENQUEUE_BATCH):
+        last = min(first + ENQUEUE_BATCH, args.tasks)
+        enqueue_many(add, [((i, i), {}) for i in range(first, last)])
+    result["enqueue_seconds"] = time.perf_counter() - started
+    if args.vacuum == "on":
+        vacuum_analyze()
     result.update(claim_plan())
+    autovacuum_before = vacuum_counts()
     commits_before = committed_transactions()
     connection.close()  # the worker should not compete with an idle session
 
@@ -263,6 +287,8 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         spy = [args.pyspy, "record", "--format", "raw", "--subprocesses", "--nolineno"]
         command = [*spy, "--rate", "250", "--output", args.profile, "--", *command]
     wall, usage = _run_burst(command, measure_rss=not args.profile)
+    for key, count in vacuum_counts().items():  # autovacuum's runs while the queue drained
+        usage[f"{key}_during"] = count - autovacuum_before[key]
     span = _verify_drain(since, args.tasks)
     steady = (span["last_finished"] - span["first_started"]).total_seconds()
     usage["worker_cpu_ms_per_task"] = usage["worker_cpu_seconds"] * 1000 / args.tasks
@@ -275,6 +301,7 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
         left = TaskRecord.objects.filter(enqueued_at__lt=since).count()
         result["history_pruned"] = args.history - left
     result.update(
+        tasks=args.tasks,
         rate_with_start=args.tasks / wall,
         wall_seconds=wall,
         rate=args.tasks / steady,
@@ -351,6 +378,12 @@ def main() -> None:
         default="on",
         help="the leader's pruner deletes"
         " finished tasks past OPTIONS['RETENTION'] (on) or keeps them (off)",
+    )
+    parser.add_argument(
+        "--vacuum",
+        choices=("on", "off"),
+        default="on",
+        help="VACUUM ANALYZE the table after the drain's enqueue (on) or leave it to autovacuum",
     )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int)

@@ -273,6 +273,73 @@ def pruning_rows(pruned: Series, kept: Series) -> list[Row]:
     ]
 
 
+def backlog_rows(deep: Series, reference: Series | None, drain: Series | None) -> list[Row]:
+    """W6: a deep READY backlog drained without a VACUUM, judged against the smaller
+    reference backlog drained the same way, or against W2 when there is none."""
+    ours = deep.value("rate")
+    tasks = _tasks(deep)
+    judge, judge_label = (reference, f"{_tasks(reference):,.0f}") if reference else (drain, "W2")
+    theirs = judge.value("rate") if judge else None
+    share = ratio(ours, theirs)
+    rows = [
+        Row(
+            "W6",
+            f"drain of {tasks:,.0f} READY tasks, no VACUUM",
+            rate(ours),
+            f"{rate(theirs)} ({judge_label})" if theirs else "",
+            fmt_ratio(share),
+            f">= 0.90x of {judge_label}",
+            verdict(_at_least(share, 0.90)),
+        )
+    ]
+    if reference is not None and drain is not None:
+        w2 = drain.value("rate")
+        rows.append(
+            Row(
+                "W6",
+                "  the same against W2 (VACUUMed)",
+                rate(ours),
+                f"{rate(w2)} (W2)" if w2 else "",
+                fmt_ratio(ratio(ours, w2)),
+            )
+        )
+    if reference is not None:
+        # CPU per task moves much less with the machine's load than the rate does.
+        cpu, cpu_reference = (
+            deep.value("worker_cpu_ms_per_task"),
+            reference.value("worker_cpu_ms_per_task"),
+        )
+        rows.append(
+            Row(
+                "W6",
+                "  worker CPU per task",
+                _unit(cpu, "ms", 3),
+                f"{_unit(cpu_reference, 'ms', 3)} ({judge_label})",
+                fmt_ratio(ratio(cpu, cpu_reference)),
+            )
+        )
+    enqueue = deep.value("enqueue_seconds")
+    rows += [
+        Row(
+            "W6",
+            "enqueue_many of the backlog",
+            rate(tasks / enqueue if enqueue else None),
+        ),
+        Row("W6", "drain, process start included", rate(deep.value("rate_with_start"))),
+        Row(
+            "W6",
+            "autovacuum runs during the drain (vacuum, analyze)",
+            f"{deep.value('autovacuum_count_during') or 0:.0f},"
+            f" {deep.value('autoanalyze_count_during') or 0:.0f}",
+        ),
+    ]
+    return rows
+
+
+def _tasks(series: Series) -> float:
+    return series.value("tasks") or 0
+
+
 def _execution_time(series: Series) -> str:
     for run in series.runs:
         for line in str(run.get("plan", "")).splitlines():

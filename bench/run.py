@@ -8,7 +8,9 @@
     python bench/run.py --peers           # also five other queues (peers.py)
 
 Workloads: W1 enqueue (single and bulk), W2 drain, W3 latency, W4 drain over a large
-finished history, W5 drain while the leader prunes expired rows (against pruner off).
+finished history, W5 drain while the leader prunes expired rows (against pruner off);
+W6, a deep READY backlog drained without a VACUUM (against a smaller one), runs only when
+named in --workloads (it takes several minutes).
 The machine is shared and drifts, so each W1/W2 run is paired with a
 bare-psycopg baseline measured right before it (bench/baseline.py) and figures are also
 given as ratios to those. Every django-tasks-plus measurement runs in a fresh process
@@ -48,7 +50,9 @@ from benchenv import (
 )
 from report import Row, Series
 
-ALL_WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
+ALL_WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6")
+# W6 enqueues and drains a million tasks (minutes, not seconds): only when asked for.
+DEFAULT_WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 # W5's history finished this long ago: past the default 7-day retention of SUCCESSFUL.
 EXPIRED_AGE_DAYS = 8.0
 DRIVER = BENCH / "driver.py"
@@ -66,6 +70,8 @@ class Plan:
     latency_rate: float
     history: int
     expired: int
+    backlog: int
+    backlog_reference: int
     processes: int
     sqlite: bool
     profile: bool
@@ -74,7 +80,9 @@ class Plan:
 def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one run each")
-    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS), help="e.g. W1,W2")
+    parser.add_argument(
+        "--workloads", default=",".join(DEFAULT_WORKLOADS), help="e.g. W1,W2 (W6: only if named)"
+    )
     parser.add_argument("--runs", type=int, help="runs of W1, W2 and baselines (default 3)")
     parser.add_argument("--tasks", type=int, help="bulk/drain size (default 20,000)")
     parser.add_argument("--single", type=int, help="single enqueues in W1a (default 2,000)")
@@ -85,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
     parser.add_argument("--history", type=int, help="W4 finished rows (default 1,000,000)")
     parser.add_argument(
         "--expired", type=int, help="W5 finished rows past retention (default 200,000)"
+    )
+    parser.add_argument("--backlog", type=int, help="W6 READY tasks (default 1,000,000)")
+    parser.add_argument(
+        "--backlog-reference",
+        type=int,
+        help="W6's smaller backlog, drained the same way (default 200,000; 0: compare with W2)",
     )
     parser.add_argument("--processes", type=int, default=2, help="drain worker processes")
     parser.add_argument("--sqlite", action="store_true", help="also W2/W3 on a SQLite file")
@@ -107,6 +121,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
         latency_rate=args.latency_rate,
         history=args.history if args.history is not None else (100_000 if quick else 1_000_000),
         expired=args.expired if args.expired is not None else (50_000 if quick else 200_000),
+        backlog=args.backlog or (100_000 if quick else 1_000_000),
+        backlog_reference=(
+            args.backlog_reference
+            if args.backlog_reference is not None
+            else (20_000 if quick else 200_000)
+        ),
         processes=args.processes,
         sqlite=args.sqlite,
         profile=args.profile,
@@ -119,7 +139,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
 # --------------------------------------------------------------------------------------
 
 
-def driver(workload: str, database_url: str, **options: Any) -> dict[str, Any]:
+def driver(
+    workload: str, database_url: str, timeout: float = 900, **options: Any
+) -> dict[str, Any]:
     """Run one measurement in a fresh Django process; return its JSON result."""
     command = [sys.executable, str(DRIVER), workload]
     for name, value in options.items():
@@ -130,7 +152,7 @@ def driver(workload: str, database_url: str, **options: Any) -> dict[str, Any]:
         env=django_env(database_url),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
         check=False,
     )
     if done.returncode:
@@ -192,6 +214,8 @@ def measure_postgres(plan: Plan) -> dict[str, Series]:
         series["W4"] = Series(runs=[result])
     if "W5" in plan.workloads:
         series.update(measure_pruning(plan))
+    if "W6" in plan.workloads:
+        series.update(measure_backlog(plan))
     return series
 
 
@@ -217,6 +241,28 @@ def measure_pruning(plan: Plan) -> dict[str, Series]:
                 )
             )
     return {"W5": pruned, "W5-kept": kept}
+
+
+def measure_backlog(plan: Plan) -> dict[str, Series]:
+    """W6: ``plan.backlog`` READY tasks enqueued (``enqueue_many``, COPY) and drained by
+    ``runtasks --burst`` with no VACUUM in between, as a deployment that just received a
+    flood would; then the smaller reference backlog the same way, if any."""
+    sizes = [("W6", plan.backlog)]
+    if plan.backlog_reference:
+        sizes.append(("W6-reference", plan.backlog_reference))
+    series: dict[str, Series] = {}
+    for name, tasks in sizes:
+        progress(f"{name}: {tasks:,} READY tasks, no VACUUM, then a drain")
+        result = driver(
+            "drain",
+            PG_URL,
+            timeout=3600,
+            tasks=tasks,
+            processes=plan.processes,
+            vacuum="off",
+        )
+        series[name] = Series(runs=[result])
+    return series
 
 
 def measure_sqlite(plan: Plan) -> dict[str, Series]:
@@ -285,6 +331,10 @@ def table_rows(postgres: dict[str, Series], sqlite: dict[str, Series]) -> list[R
         rows += report.scale_rows(postgres["W4"], postgres.get("W2"))
     if "W5" in postgres:
         rows += report.pruning_rows(postgres["W5"], postgres["W5-kept"])
+    if "W6" in postgres:
+        rows += report.backlog_rows(
+            postgres["W6"], postgres.get("W6-reference"), postgres.get("W2")
+        )
     if "W2" in sqlite:
         rows += report.drain_rows(sqlite["W2"], label="W2 sqlite", judged=False)
     if "W3" in sqlite:
@@ -302,7 +352,13 @@ def environment() -> dict[str, Any]:
     with psycopg.connect(PG_DSN) as conn:
         settings = {
             name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-            for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers")
+            for name in (
+                "server_version",
+                "fsync",
+                "synchronous_commit",
+                "shared_buffers",
+                "autovacuum",
+            )
         }
     import django
 
@@ -352,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         f"django-tasks-plus bench: {meta['commit'][:10]}{' (dirty)' if meta['dirty'] else ''}, "
         f"PostgreSQL {meta['postgresql']['server_version']}, {meta['cpus']} CPUs, "
         f"load {meta['loadavg_start'][0]:.2f} -> {meta['loadavg_end'][0]:.2f}, "
-        f"medians of {plan.runs} run(s) for W1/W2/W5, 1 for W3/W4"
+        f"medians of {plan.runs} run(s) for W1/W2/W5, 1 for W3/W4/W6"
     )
     print(report.render(rows))
     if peer_results is not None:
