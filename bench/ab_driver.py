@@ -177,7 +177,10 @@ def _cpu_per_task(tasks: int) -> Iterator[dict[str, Any]]:
     figures: dict[str, Any] = {}
     yield figures
     after = (client.cpu_times(), backend.cpu_times())
-    for name, (start, end) in zip(("client_cpu_us", "server_cpu_us"), zip(before, after)):
+    for name, start, end in (
+        ("client_cpu_us", before[0], after[0]),
+        ("server_cpu_us", before[1], after[1]),
+    ):
         used = (end.user - start.user) + (end.system - start.system)
         figures[name] = used * 1e6 / tasks
 

@@ -316,9 +316,11 @@ def measure(peer: Peer, plan: PeerPlan, progress: Callable[[str], None]) -> dict
     return result
 
 
-def measure_all(plan: PeerPlan, progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every peer in turn, never two at once."""
-    return [measure(peer, plan, progress) for peer in PEERS]
+def measure_all(
+    plan: PeerPlan, progress: Callable[[str], None], names: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every peer (or those ``names``) in turn, never two at once."""
+    return [measure(peer, plan, progress) for peer in PEERS if names is None or peer.name in names]
 
 
 # --------------------------------------------------------------------------------------

@@ -103,8 +103,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[Plan, argparse.Namespace]
     parser.add_argument("--processes", type=int, default=2, help="drain worker processes")
     parser.add_argument("--sqlite", action="store_true", help="also W2/W3 on a SQLite file")
     parser.add_argument("--profile", action="store_true", help="py-spy profile of a W2 drain")
-    parser.add_argument("--peers", action="store_true", help="compare with other queues")
+    parser.add_argument(
+        "--peers",
+        nargs="?",
+        const="all",
+        help="compare with other queues: all of them, or some (--peers pgqueuer,celery)",
+    )
     args = parser.parse_args(argv)
+    if args.peers:
+        known = {peer.name for peer in peers.PEERS}
+        wanted = set(args.peers.split(",")) - {"all"}
+        if wanted - known:
+            parser.error(f"unknown peers: {', '.join(sorted(wanted - known))}; known: {known}")
     workloads = tuple(w.strip().upper() for w in args.workloads.split(",") if w.strip())
     unknown = set(workloads) - set(ALL_WORKLOADS)
     if unknown:
@@ -306,8 +316,9 @@ def profile_drain(plan: Plan) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
-def measure_peers(plan: Plan) -> list[dict[str, Any]]:
+def measure_peers(plan: Plan, names: str) -> list[dict[str, Any]]:
     """Other queues with the same sizes, one at a time, after all of our workloads."""
+    chosen = None if names == "all" else set(names.split(","))
     return peers.measure_all(
         peers.PeerPlan(
             workloads=plan.workloads,
@@ -318,6 +329,7 @@ def measure_peers(plan: Plan) -> list[dict[str, Any]]:
             processes=plan.processes,
         ),
         progress,
+        chosen,
     )
 
 
@@ -396,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     sqlite = measure_sqlite(plan) if plan.sqlite else {}
     profile = profile_drain(plan) if plan.profile else None
     meta["loadavg_end"] = os.getloadavg()
-    peer_results = measure_peers(plan) if args.peers else None
+    peer_results = measure_peers(plan, args.peers) if args.peers else None
     if peer_results is not None:
         meta["loadavg_after_peers"] = os.getloadavg()
     meta["seconds"] = time.monotonic() - started
