@@ -67,18 +67,28 @@ PYSPY = ["record", "--format", "raw", "--rate", "1000", "--gil", "--nolineno"]
 # A sample's layer is that of its innermost frame matching one of these (frame text is
 # "function (path)"); standard-library frames other than the event loop's are charged to
 # their caller. Waits are read from the leaf frame alone and left out of the CPU shares.
+PARAMS = "psycopg: parameters (placeholders, quoting)"
+DJANGO_DB = "Django db (connections[], cursor wrapper)"
 LAYERS: tuple[tuple[str, str], ...] = (
     ("django_tasks_plus/", "ours: "),  # split by file, below
     ("pgqueuer_tasks.py", "task body"),
     ("example/tasks.py", "task body"),
     ("pgqueuer/", "pgqueuer: "),  # split by file, below
-    ("psycopg", "psycopg (adapt, send, parse)"),
+    ("psycopg/_queries.py", PARAMS),
+    ("psycopg/adapt.py", PARAMS),
+    ("psycopg/types/", PARAMS),
+    ("psycopg/_typeinfo.py", PARAMS),
+    ("psycopg/_adapters_map.py", PARAMS),
+    ("psycopg", "psycopg: execute, send, results"),
     ("asyncpg/", "asyncpg"),
     ("django/dispatch/", "Django signals"),
     ("django/db/models/", "Django ORM (query, compiler, fields)"),
-    ("django/db/", "Django db (connection, cursor, transaction)"),
-    ("django/tasks/", "Django tasks API (TaskResult)"),
-    ("django/", "Django, other"),
+    ("django/db/", DJANGO_DB),
+    ("django/utils/connection.py", DJANGO_DB),
+    ("django/utils/asyncio.py", DJANGO_DB),
+    ("asgiref/", DJANGO_DB),
+    ("django/tasks/", "Django tasks API (Task, TaskResult)"),
+    ("django/", "Django: "),  # split by file, below
     ("cpuaccount.py", "bench loop"),
     ("pgqueuer_driver.py", "bench loop (payload)"),
     ("pgqueuer_account.py", "bench loop"),
@@ -91,6 +101,58 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("queue.py", "threads, locks, queues"),
     ("concurrent/futures", "threads, locks, queues"),
 )
+# The rows of the summary tables: each layer goes to the first row one of whose
+# prefixes it starts with.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "queue library: API, validation, envelope, query building",
+        (
+            "ours: backend.py",
+            "ours: envelope.py",
+            "ours: definition.py",
+            "ours: registries.py",
+            "ours: conf.py",
+            "ours: metadata.py",
+            "pgqueuer: adapters/",
+            "pgqueuer: domain/",
+        ),
+    ),
+    (
+        "queue library: worker loop, dispatch, outcomes",
+        (
+            "ours: worker/",
+            "ours: doers.py",
+            "ours: lifecycle.py",
+            "ours: finished.py",
+            "ours: management/",
+            "pgqueuer: core/",
+        ),
+    ),
+    (
+        "queue library: SQL text, row encoding/decoding",
+        ("ours: db/", "ours: codec.py", "ours: stored.py"),
+    ),
+    ("queue library: result objects (TaskResult)", ("ours: results.py", "Django tasks API")),
+    (
+        "queue library: events, metrics, signals",
+        ("ours: events.py", "ours: metrics/", "ours: apps.py", "Django signals"),
+    ),
+    ("queue library: other", ("ours: ", "pgqueuer: ")),
+    ("Django db layer (connections[], cursor wrapper, ORM, utils)", ("Django",)),
+    ("driver: parameters (placeholders, quoting)", (PARAMS,)),
+    ("driver: execute, send, read results", ("psycopg: ", "asyncpg")),
+    ("asyncio event loop", ("asyncio event loop",)),
+    ("threads, locks, queues", ("threads",)),
+    ("task body", ("task body",)),
+    ("bench or bare loop's own code", ("bench loop", "bare loop")),
+    ("other", ("",)),
+)
+
+
+def group_of(layer: str) -> str:
+    return next(name for name, prefixes in GROUPS if layer.startswith(prefixes))
+
+
 WAITS: tuple[tuple[str, str], ...] = (  # (function, file) of a leaf that is a wait
     ("select", "selectors.py"),
     ("poll", "selectors.py"),
@@ -100,7 +162,15 @@ WAITS: tuple[tuple[str, str], ...] = (  # (function, file) of a leaf that is a w
     ("wait", "psycopg/waiting.py"),
     ("supervise", "worker/supervisor.py"),  # the supervisor, waiting for its children
 )
-STARTUP = ("_find_and_load", "setup (django/__init__.py)", "run_checks", "_bootstrap_inner")
+# A stack under one of these is start-up: imports, django.setup(), checks, finding and
+# parsing the management command.
+STARTUP = (
+    "_find_and_load",
+    "setup (django/__init__.py)",
+    "run_checks",
+    "fetch_command",
+    "create_parser",
+)
 
 
 def progress(message: str) -> None:
@@ -416,8 +486,9 @@ def single(side: Side, tasks: int) -> dict[str, Any]:
 def layer_of(frames: list[str]) -> str:
     """The layer of one sample (frames outermost first)."""
     leaf = frames[-1]
-    for function, where in WAITS:
-        if leaf.startswith(function + " ") and where in leaf:
+    function = leaf.partition(" (")[0].rpartition(".")[2]  # "Condition.wait (…)" -> "wait"
+    for name, where in WAITS:
+        if function == name and where in leaf:
             return "wait"
     for frame in reversed(frames):
         for fragment, name in LAYERS:
@@ -447,7 +518,7 @@ def in_loop(frames: list[str]) -> bool:
 
 
 def not_startup(frames: list[str]) -> bool:
-    return not any(marker in frame for frame in frames for marker in STARTUP[:3])
+    return not any(marker in frame for frame in frames for marker in STARTUP)
 
 
 def pyspy() -> str:
@@ -457,6 +528,17 @@ def pyspy() -> str:
     return found
 
 
+def single_samples(folder: Path, side: str) -> Counter[str]:
+    return layers(folder / f"single-{side}.txt", in_loop)
+
+
+def drain_samples(folder: Path, side: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for raw in sorted(folder.glob(f"drain-{side}-*.txt")):
+        counts += layers(raw, not_startup)
+    return counts
+
+
 def profile_single(side: Side, tasks: int, folder: Path) -> dict[str, Any]:
     raw = folder / f"single-{side.name}.txt"
     spy = [pyspy(), *PYSPY, "--output", str(raw), "--"]
@@ -464,12 +546,15 @@ def profile_single(side: Side, tasks: int, folder: Path) -> dict[str, Any]:
         run = side.step("_bare-single", tasks, spy)
     else:
         run = side.step("single", tasks, spy)
-    samples = layers(raw, in_loop)
+    samples = dict(single_samples(folder, side.name))
+    return {"run": run, "samples": samples, "coverage": coverage(samples, run)}
+
+
+def coverage(samples: dict[str, int], run: dict[str, Any]) -> float:
+    """On-CPU samples (1 ms each) against the profiled run's own CPU: near 1 if py-spy
+    sampled at its rate and told waits from work."""
     busy = sum(count for layer, count in samples.items() if layer != "wait")
-    # On-CPU samples (1 ms each) against the profiled run's own CPU: near 1 if py-spy
-    # sampled at its rate and told waits from work.
-    coverage = busy / 1000 / (run["client_cpu_us"] * run["calls"] / 1e6)
-    return {"run": run, "samples": dict(samples), "coverage": coverage}
+    return busy / 1000 / (run["client_cpu_us"] * run["calls"] / 1e6)
 
 
 def profile_drain(side: Side, tasks: int, processes: int, folder: Path) -> dict[str, Any]:
@@ -486,10 +571,8 @@ def profile_drain(side: Side, tasks: int, processes: int, folder: Path) -> dict[
         running(commands, side.env) as spies,
     ):
         _stop_when_drained(side, spies, conn, tasks)
-    counts: Counter[str] = Counter()
-    for raw in folder.glob(f"drain-{side.name}-*.txt"):
-        counts += layers(raw, not_startup)
-    return {"seconds": time.time() - started, "samples": dict(counts)}
+    samples = drain_samples(folder, side.name)
+    return {"seconds": time.time() - started, "samples": dict(samples)}
 
 
 def _stop_when_drained(
@@ -553,6 +636,16 @@ def breakdown(
     return [row for row in rows if max(row[1].values()) >= 0.05]
 
 
+def grouped(rows: list[tuple[str, dict[str, float]]]) -> list[tuple[str, dict[str, float]]]:
+    """The layer rows summed into ``GROUPS``' rows, in their order."""
+    sums: dict[str, dict[str, float]] = {name: {} for name, _ in GROUPS}
+    for label, values in rows:
+        target = sums[group_of(label)]
+        for side, value in values.items():
+            target[side] = target.get(side, 0.0) + value
+    return [(name, values) for name, values in sums.items() if values]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db-prefix", default="account")
@@ -564,7 +657,12 @@ def main() -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy runs")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--spy-dir", help="keep the raw py-spy files here (default: deleted)")
+    parser.add_argument(
+        "--report", help="no runs: print this results JSON again, layers re-read from --spy-dir"
+    )
     args = parser.parse_args()
+    if args.report:
+        return report_again(Path(args.report), Path(args.spy_dir) if args.spy_dir else None)
     names = [name.strip() for name in args.sides.split(",")]
     sides = make_sides(args.db_prefix, names)
     results: dict[str, Any] = {s.name: {"single_runs": [], "drain_runs": []} for s in sides}
@@ -611,6 +709,21 @@ def main() -> int:
     return 0
 
 
+def report_again(path: Path, folder: Path | None) -> int:
+    """The tables of an earlier run; with the raw profiles, grouped by today's LAYERS."""
+    saved = json.loads(path.read_text())
+    results, names = saved["results"], list(saved["results"])
+    profiled = all("single_profile" in results[name] for name in names)
+    if folder is not None and profiled:
+        for name in names:
+            profile = results[name]["single_profile"]
+            profile["samples"] = dict(single_samples(folder, name))
+            profile["coverage"] = coverage(profile["samples"], profile["run"])
+            results[name]["drain_profile"]["samples"] = dict(drain_samples(folder, name))
+    report(results, names, saved["meta"], profiled)
+    return 0
+
+
 def report(results: dict[str, Any], names: Sequence[str], meta: dict[str, Any], profiled: bool):
     single_rows = [
         ("wall per enqueue", {n: results[n]["single"]["wall_us"] for n in names}),
@@ -642,18 +755,19 @@ def report(results: dict[str, Any], names: Sequence[str], meta: dict[str, Any], 
         ("steady rate (tasks/s)", {n: results[n]["drain"]["steady_rate"] for n in names}),
     ]
     print(f"{meta['argv']}  load {meta['loadavg_start']} -> {meta['loadavg_end']}")
+    if profiled:
+        shares = {n: round(results[n]["single_profile"]["coverage"], 2) for n in names}
+        print(f"enqueue profiles, on-CPU samples / measured CPU: {shares}")
     print(table("One enqueue (medians)", single_rows, names))
     if profiled:
-        print(
-            table(
-                "Client CPU by layer", breakdown(results, "single", "client_cpu_us", names), names
-            )
-        )
+        by_layer = breakdown(results, "single", "client_cpu_us", names)
+        print(table("Client CPU by layer group", grouped(by_layer), names))
+        print(table("Client CPU by layer", by_layer, names))
     print(table("One drained task (medians)", drain_rows, names))
     if profiled:
-        print(
-            table("Worker CPU by layer", breakdown(results, "drain", "worker_cpu_us", names), names)
-        )
+        by_layer = breakdown(results, "drain", "worker_cpu_us", names)
+        print(table("Worker CPU by layer group", grouped(by_layer), names))
+        print(table("Worker CPU by layer", by_layer, names))
 
 
 def _internal() -> bool:
