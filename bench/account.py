@@ -58,6 +58,7 @@ from benchenv import (
 from cpuaccount import accounted_loop, thread_cpu
 
 SIDES = ("ours", "pgqueuer", "bare")
+BINDINGS = ("client_side", "server_side_prepared", "server_side_unprepared")
 STEADY = (0.10, 0.90)  # the steady window, as fractions of the finished tasks
 SAMPLE_EVERY = 0.01
 # --gil: only the thread holding the interpreter lock is sampled, i.e. Python's CPU; with
@@ -655,6 +656,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy runs")
+    parser.add_argument(
+        "--binding",
+        action="store_true",
+        help="also replay our enqueue's INSERT from psycopg, bound three ways (ours only)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--spy-dir", help="keep the raw py-spy files here (default: deleted)")
     parser.add_argument(
@@ -677,6 +683,12 @@ def main() -> int:
             for side in sides:
                 progress(f"run {run + 1}/{args.runs}: {side.name} single x{args.single}")
                 results[side.name]["single_runs"].append(single(side, args.single))
+            if args.binding and "ours" in results:
+                progress(f"run {run + 1}/{args.runs}: ours' INSERT bound three ways")
+                ours = next(side for side in sides if side.name == "ours")
+                results["ours"].setdefault("binding_runs", []).append(
+                    ours.step("binding", args.single)
+                )
             for side in sides:
                 progress(f"run {run + 1}/{args.runs}: {side.name} drain of {args.tasks}")
                 results[side.name]["drain_runs"].append(drain(side, args.tasks, args.processes))
@@ -700,6 +712,11 @@ def main() -> int:
         entry = results[side.name]
         entry["single"] = medians(entry["single_runs"])
         entry["drain"] = medians(entry["drain_runs"])
+    if "binding_runs" in results.get("ours", {}):
+        runs = results["ours"]["binding_runs"]
+        results["ours"]["binding"] = {
+            variant: medians([run[variant] for run in runs]) for variant in BINDINGS
+        }
     meta["loadavg_end"] = os.getloadavg()
     report(results, names, meta, profiled=not args.no_profile)
     RESULTS.mkdir(exist_ok=True)
@@ -763,6 +780,12 @@ def report(results: dict[str, Any], names: Sequence[str], meta: dict[str, Any], 
         by_layer = breakdown(results, "single", "client_cpu_us", names)
         print(table("Client CPU by layer group", grouped(by_layer), names))
         print(table("Client CPU by layer", by_layer, names))
+    if "binding" in results.get("ours", {}):
+        rows = [
+            (key, {v: results["ours"]["binding"][v][key] for v in BINDINGS})
+            for key in ("wall_us", "client_cpu_us", "server_cpu_us")
+        ]
+        print(table("Our enqueue's statement from plain psycopg (medians)", rows, BINDINGS))
     print(table("One drained task (medians)", drain_rows, names))
     if profiled:
         by_layer = breakdown(results, "drain", "worker_cpu_us", names)
