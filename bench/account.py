@@ -19,7 +19,9 @@ because the machine is shared:
   1000 --gil``; the on-CPU samples are grouped by the innermost frame that
   belongs to a known layer (``LAYERS``) and their shares applied to the measured CPU.
 
-Medians of ``--runs``; every run and the profiles' layer samples go to
+``--binding`` also replays our enqueue's statement from plain psycopg, bound three ways;
+``--report FILE --spy-dir DIR`` prints an earlier run again. Medians of ``--runs``;
+every run and the profiles' layer samples go to
 ``bench/results/account-<time>.json``. Databases ``<prefix>_ours``, ``<prefix>_pgqueuer``
 and ``<prefix>_bare`` are dropped and recreated, and dropped at the end.
 """
