@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -343,7 +344,7 @@ class Sampler:
 
         backends: list[tuple[str, int]] = []
         with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-            for tick in range(10**9):
+            for tick in itertools.count():
                 if self._stop.is_set():
                     return
                 if tick % 5 == 0:
