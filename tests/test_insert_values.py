@@ -174,3 +174,29 @@ def _row(when: datetime) -> dict[str, Any]:
         "kwargs": JsonText("{}"),
         "breaker_key": None,
     }
+
+
+def test_with_prepare_threshold_the_insert_is_prepared_once():
+    """The INSERT's text is the same on every call of a shape, so a project that sets
+    ``OPTIONS["prepare_threshold"]`` gets it prepared: one server-side statement, reused."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: prepared statements")
+    from tests.tasks import add
+
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = 0  # what OPTIONS["prepare_threshold"] = 0 sets
+    try:
+        for n in range(3):
+            add.enqueue(n, n)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements "
+                "WHERE statement LIKE %s AND statement LIKE %s",
+                ["%INSERT INTO%", "%django_tasks_plus_taskrecord%"],
+            )
+            (prepared,) = cursor.fetchone()
+    finally:
+        raw.prepare_threshold = before
+    assert prepared == 1

@@ -13,6 +13,8 @@ Configuration comes from environment variables only (no ``.env`` file is read):
                      default ``true``: the package's defaults)
 ``DTP_DB_POOL``      ``true`` puts a PostgreSQL database behind Django's connection pool
                      (``OPTIONS["pool"]``; the ``pgpool`` test environment)
+``DTP_PREPARE_THRESHOLD`` sets a PostgreSQL database's ``OPTIONS["prepare_threshold"]``
+                     (psycopg prepares statements run that often; default unset)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
                      startup (default: see ``_task_modules_outside_apps``)
 ``DTP_TEST_DB_PREFIX`` prefix of the PostgreSQL test database's name (default none)
@@ -84,6 +86,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boo
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
         "pool": {"min_size": 1, "max_size": 40, "timeout": 20},
+    }
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and (
+    prepare_threshold := env.int("DTP_PREPARE_THRESHOLD", default=None)
+) is not None:
+    # psycopg prepares a statement once it has run this many times on a session: the
+    # enqueue INSERT, the claim and the outcome writes (docs/performance.md).
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "prepare_threshold": prepare_threshold,
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
