@@ -88,9 +88,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boo
         "pool": {"min_size": 1, "max_size": 40, "timeout": 20},
     }
 
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and (
-    prepare_threshold := env.int("DTP_PREPARE_THRESHOLD", default=None)
-) is not None:
+if (
+    DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    and (prepare_threshold := env.int("DTP_PREPARE_THRESHOLD", default=None)) is not None
+):
     # psycopg prepares a statement once it has run this many times on a session: the
     # enqueue INSERT, the claim and the outcome writes (docs/performance.md).
     DATABASES["default"]["OPTIONS"] = {
