@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from django_tasks_plus.db import base
+from django_tasks_plus.db.values import JsonText
 from django_tasks_plus.models import TaskRecord
 
 pytestmark = pytest.mark.django_db
@@ -97,6 +98,58 @@ def test_the_shortcut_values_round_trip_through_the_insert():
     assert stored.priority == -7 and stored.attempt == 0
     assert stored.run_after == when and stored.enqueued_at == when
     assert stored.args == [1, 2] and stored.ordering_blocked is False
+    # The constants a single row writes as literals are stored as Django would store them.
+    assert stored.requested_run_after is None and stored.ordering_key is None
+    assert stored.worker_ids == [] and stored.errors == [] and stored.metadata == {}
+    assert stored.kwargs == {} and stored.dead_letter_reason == ""
+    assert stored.cancel_requested is False and stored.breaker_key is None
+
+
+def test_a_single_rows_constants_are_literals_and_the_rest_parameters():
+    """Constants (NULL, booleans, '', empty JSON) go into the text: fewer values for the
+    driver to adapt per enqueue; everything else stays a parameter."""
+    row = _row(datetime(2026, 1, 1, tzinfo=UTC))
+    row["kwargs"] = JsonText('{"user": "O\'Brien; DROP TABLE x"}')
+    row["dead_letter_reason"] = "x"
+    [(text, params)] = base.insert_statements(
+        [row], connection, json_placeholder="%s", sequence_sql=None
+    )
+    assert text.count("%s") == len(params)
+    assert "NULL" in text and "FALSE" in text and "'[]'" in text and "'{}'" in text
+    assert row["id"] in params or uuid.UUID(row["id"]).hex in params
+    assert str(row["kwargs"]) in params and "x" in params  # non-empty values: parameters
+    assert len(params) < len(row) / 2 + 3
+    # Two rows: every value is a parameter (one text per row count, not per mix).
+    [(text, params)] = base.insert_statements(
+        [row, _row(datetime(2026, 1, 1, tzinfo=UTC))],
+        connection,
+        json_placeholder="%s",
+        sequence_sql=None,
+    )
+    assert "NULL" not in text and len(params) == 2 * len(row)
+
+
+def test_several_rows_with_mixed_constants_store_each_value():
+    from django_tasks_plus.db import dialect_for
+
+    first, second = _row(datetime(2026, 1, 1, tzinfo=UTC)), _row(datetime(2026, 1, 2, tzinfo=UTC))
+    second.update(
+        ordering_key="k", ordering_blocked=True, breaker_key="b", metadata=JsonText('{"a": 1}')
+    )
+    dialect_for(connection).insert_tasks(connection, [first, second], notify=False)
+    one, two = TaskRecord.objects.get(id=first["id"]), TaskRecord.objects.get(id=second["id"])
+    assert (one.ordering_key, one.ordering_blocked, one.breaker_key, one.metadata) == (
+        None,
+        False,
+        None,
+        {},
+    )
+    assert (two.ordering_key, two.ordering_blocked, two.breaker_key, two.metadata) == (
+        "k",
+        True,
+        "b",
+        {"a": 1},
+    )
 
 
 def test_execute_wrappers_see_the_enqueue_statement():
@@ -149,8 +202,6 @@ def test_a_failing_insert_raises_djangos_error_type():
 
 def _row(when: datetime) -> dict[str, Any]:
     """A task row as the envelope builds it, every column the enqueue sends."""
-    from django_tasks_plus.db.values import JsonText
-
     return {
         "id": str(uuid.uuid4()),
         "task_path": "example.tasks.add",
