@@ -23,7 +23,6 @@ import json
 import resource
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +32,7 @@ import django
 django.setup()
 
 import psutil  # noqa: E402
+from benchenv import BackgroundSampler  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
@@ -57,7 +57,7 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class TreeCpuSampler:
+class TreeCpuSampler(BackgroundSampler):
     """CPU seconds of every process in a tree, sampled on a short period.
 
     ``at(pid, t)`` interpolates a process's CPU at wall time ``t`` (seconds since the
@@ -71,16 +71,7 @@ class TreeCpuSampler:
         self.samples: dict[int, tuple[list[float], list[float]]] = {}
         self.created: dict[int, float] = {}
         self._known: dict[int, psutil.Process] = {root: self.root}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> TreeCpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +52,7 @@ from benchenv import (
     BENCH,
     PG_SERVER,
     RESULTS,
+    BackgroundSampler,
     django_env,
     precompile,
     recreate_database,
@@ -304,7 +304,7 @@ def bare_worker(dsn: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
-class Sampler:
+class Sampler(BackgroundSampler):
     """CPU seconds of worker processes (``w``) and of the database's backends (``b``:
     client backends, ``v``: autovacuum), sampled every 10 ms with their wall times."""
 
@@ -316,16 +316,7 @@ class Sampler:
         self.exclude = list(exclude)
         self.series: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
         self._processes: dict[int, Any] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _backends(self, conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
         rows = conn.execute(

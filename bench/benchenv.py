@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -111,7 +111,27 @@ def machine_cpu() -> tuple[float, float]:
     return total - times.idle - getattr(times, "iowait", 0.0), total
 
 
-class TreeRssSampler:
+class BackgroundSampler:
+    """A daemon thread that runs ``_loop`` from ``with`` entry to exit (every sampler of
+    the bench): ``_loop`` samples until ``self._stop`` is set."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class TreeRssSampler(BackgroundSampler):
     """Samples the summed RSS of a process tree in a background thread.
 
     The sum over-counts pages that forked children still share with the supervisor
@@ -131,16 +151,7 @@ class TreeRssSampler:
         self.peak_single = 0
         self.peak_processes = 0
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> TreeRssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _tree(self) -> list[Any]:
         """The roots and all their descendants alive right now (none of a root that exited)."""

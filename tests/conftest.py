@@ -99,6 +99,25 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
             proc.wait(timeout=10)
 
 
+def claim_one(worker_id: str = "in-process", visibility_timeout: float = 300) -> Any:
+    """Claim the next task of the default queue as ``worker_id``, as a worker would (a
+    negative ``visibility_timeout`` hands out a lease that has already expired)."""
+    import uuid
+
+    from django_tasks_plus.db import dialect_for
+
+    [claimed] = dialect_for(connection).claim(
+        connection,
+        backend_name="default",
+        queues=["default"],
+        limit=1,
+        worker_id=worker_id,
+        lease_token=uuid.uuid4().hex,
+        visibility_timeout=visibility_timeout,
+    )
+    return claimed
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:
     """Poll ``condition`` until true; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -3,30 +3,16 @@ claim's cursor uses to read them faster."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
 
-from django_tasks_plus.db import dialect_for
 from django_tasks_plus.models import TaskRecord
 from tests import tasks
+from tests.conftest import claim_one
 
 pytestmark = pytest.mark.django_db
-
-
-def _claim():  # type: ignore[no-untyped-def]
-    [claimed] = dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=1,
-        worker_id="w-values",
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=60,
-    )
-    return claimed
 
 
 def _stored(task_id: str) -> TaskRecord:
@@ -36,7 +22,7 @@ def _stored(task_id: str) -> TaskRecord:
 def test_claimed_timestamps_are_djangos_values():
     due = datetime(2020, 2, 3, 4, 5, 6, 789000, tzinfo=UTC)
     result = tasks.add.using(run_after=due).enqueue(1, 2)
-    claimed = _claim()
+    claimed = claim_one("w-values", visibility_timeout=60)
     stored = _stored(result.id)
     for name in ("enqueued_at", "run_after", "claimed_at"):
         got = getattr(claimed, name)
@@ -58,7 +44,7 @@ def test_a_session_in_another_time_zone_still_reads_the_right_instants():
     with connection.cursor() as cursor:
         cursor.execute("SET TIME ZONE 'Asia/Kolkata'")
     try:
-        claimed = _claim()
+        claimed = claim_one("w-values", visibility_timeout=60)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET TIME ZONE 'UTC'")

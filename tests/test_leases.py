@@ -5,21 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus, task_backends
-from django_tasks_plus.db import dialect_for
 from django_tasks_plus.db.store import apply_transition, renew_leases
 from django_tasks_plus.lifecycle import Succeeded, transition
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from django_tasks_plus.worker.reaper import reap_expired
 from tests import tasks
-from tests.conftest import postgres_only, wait_for, worker_log
+from tests.conftest import claim_one, postgres_only, wait_for, worker_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,21 +97,6 @@ def test_paused_worker_cannot_overwrite_the_new_owner(start_worker, run_worker, 
     assert result.worker_ids == ["paused", "new-owner"]
 
 
-def _claim_one(worker_id: str, visibility_timeout: float = 300):  # type: ignore[no-untyped-def]
-    """Claim the next task of the default queue as ``worker_id``, as a worker would; a
-    negative ``visibility_timeout`` hands out a lease that has already expired."""
-    [claimed] = dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=1,
-        worker_id=worker_id,
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=visibility_timeout,
-    )
-    return claimed
-
-
 def _due_now(result) -> None:  # type: ignore[no-untyped-def]
     """Skip a retry's backoff: make the task due at once."""
     TaskRecord.objects.filter(pk=result.id).update(run_after=timezone.now() - timedelta(minutes=1))
@@ -125,10 +107,10 @@ def test_fenced_writes_in_process():
     backend = task_backends["default"]
     result = tasks.add.enqueue(1, 2)
 
-    first = _claim_one("A", visibility_timeout=-1)  # lease already expired
+    first = claim_one("A", visibility_timeout=-1)  # lease already expired
     assert reap_expired(backend, timezone.now) == 1
     _due_now(result)
-    second = _claim_one("B")
+    second = claim_one("B")
     assert second.id == first.id
     assert second.attempt == 2
     now = timezone.now()
@@ -150,7 +132,7 @@ def test_reaper_dead_letters_when_attempts_are_spent():
     backend = task_backends["default"]
     result = tasks.always_fails.enqueue("x")  # NO_WAIT: three attempts
     for attempt in (1, 2, 3):
-        claimed = _claim_one(f"w{attempt}", visibility_timeout=-1)
+        claimed = claim_one(f"w{attempt}", visibility_timeout=-1)
         assert claimed.attempt == attempt
         assert reap_expired(backend, timezone.now) == 1
     row = _row(result)

@@ -22,14 +22,13 @@ from django.db import connection
 from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus, task_backends
-from django_tasks_plus.db import dialect_for
 from django_tasks_plus.db.store import renew_leases
 from django_tasks_plus.lifecycle import Succeeded, transition
 from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.execution import _run_all
 from django_tasks_plus.worker.reporter import Reporter
 from tests import tasks
-from tests.conftest import REPO, postgres_only, wait_for, worker_env, worker_log
+from tests.conftest import REPO, claim_one, postgres_only, wait_for, worker_env, worker_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,19 +48,6 @@ def _row(result) -> TaskRecord:  # type: ignore[no-untyped-def]
 def _runs(markers: Path, tag: str) -> int:
     path = markers / f"runs-{tag}"
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _claim_one(visibility_timeout: float = 300):  # type: ignore[no-untyped-def]
-    [claimed] = dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=1,
-        worker_id="in-process",
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=visibility_timeout,
-    )
-    return claimed
 
 
 def _other_connection():  # type: ignore[no-untyped-def]
@@ -86,7 +72,7 @@ def _other_connection():  # type: ignore[no-untyped-def]
 def test_a_renewal_that_waited_for_a_lock_still_grants_a_whole_lease():
     """The new expiry is computed when the row is written, not before the lock wait."""
     tasks.add.enqueue(1, 2)
-    claimed = _claim_one()
+    claimed = claim_one()
     other = _other_connection()
     held = threading.Event()
     released_at: list[float] = []
@@ -272,7 +258,7 @@ def test_an_outcome_the_database_refuses_is_recorded_alone():
     OutcomeNotStorable, instead of losing the batch and running it all again."""
     backend = task_backends["default"]
     results = [tasks.add.enqueue(n, n) for n in range(5)]
-    claimed = [_claim_one() for _ in results]
+    claimed = [claim_one() for _ in results]
     landed: dict[str, bool] = {}
     done = threading.Event()
     reporter = Reporter("default", persist_deadline=5.0, clock=timezone.now)
@@ -380,7 +366,7 @@ def test_the_unexpected_error_path_uses_the_tasks_own_policy_and_ordering_option
 
     backend = task_backends["default"]
     result = tasks.dies_and_blocks.using(ordering_key="unexpected").enqueue(1)
-    claimed = _claim_one()
+    claimed = claim_one()
     written = threading.Event()
     reporter = Reporter("default", persist_deadline=5.0, clock=timezone.now)
     runner = TaskRunner(
