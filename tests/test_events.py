@@ -23,8 +23,8 @@ from django_tasks_plus.compat import TaskResultStatus, task_backends, task_enque
 from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.reaper import reap_expired
 from tests import tasks
-from tests.conftest import postgres_only, runtasks_command, wait_for, worker_env
-from tests.test_leases import _claim_one, _lease_expired
+from tests.conftest import claim_one, postgres_only, runtasks_command, wait_for, worker_env
+from tests.test_leases import _lease_expired
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -243,7 +243,7 @@ def test_nothing_is_built_when_nobody_listens(monkeypatch):
 
 def test_the_reaper_emits_reaped_then_the_attempts_outcome():
     result = tasks.add.enqueue(1, 2)
-    _claim_one("gone", visibility_timeout=-1)  # a lease that has already expired
+    claim_one("gone", visibility_timeout=-1)  # a lease that has already expired
     recorder = Recorder()
     with events.subscribed(recorder):
         assert reap_expired(task_backends["default"], timezone.now) == 1

@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection  # noqa: F401 (postgres_only's condition reads it)
 from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus, task_backends
