@@ -85,14 +85,16 @@ def _shortcuts_for(connection: BaseDatabaseWrapper) -> dict[str, _Shortcut]:
             wrap(value) if type(value) is int else None if value is None else _USE_DJANGO
         )
 
-    postgres = connection.vendor == "postgresql"
+    from . import dialect_for
+
+    plain = dialect_for(connection).driver_takes_plain_values
     shortcuts: dict[str, _Shortcut] = {}
     for name, field in _fields().items():
         if isinstance(field, models.BooleanField):
             shortcuts[name] = unchanged(bool)
         elif isinstance(field, (models.CharField, models.TextField)):
             shortcuts[name] = unchanged(str)
-        elif not postgres:
+        elif not plain:
             continue  # elsewhere Django turns dates, UUIDs and integers into its own values
         elif isinstance(field, models.UUIDField):
             # PostgreSQL reads the text form into its uuid type: the UUID object Django
@@ -340,6 +342,10 @@ class Dialect(ABC):
     locked (where the database can; the pruner then never waits for a redrive)."""
     json_param: str = "%s"
     """The placeholder for a ``JsonText`` parameter (with a cast where one is needed)."""
+    driver_takes_plain_values: bool = False
+    """Whether the driver stores a UUID given as text, an aware datetime as it is and an
+    integer typed by its column as Django would (psycopg 3 on PostgreSQL): an enqueue then
+    skips Django's conversion of those too (``_shortcuts``)."""
     has_search_indexes: bool = False
     """Whether ``manage.py searchindex`` can build GIN indexes for JSON containment
     (``db/search_index.py``); elsewhere the admin's JSON search reads the rows."""

@@ -197,6 +197,7 @@ class PostgreSQLDialect(Dialect):
     lock_rows_sql = " FOR UPDATE"
     skip_locked_rows_sql = " FOR UPDATE SKIP LOCKED"
     json_param = "%s::jsonb"
+    driver_takes_plain_values = True
     has_search_indexes = True
 
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
