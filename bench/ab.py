@@ -33,7 +33,7 @@ from typing import Any
 
 import baseline
 import psycopg
-from benchenv import BENCH, PG_SERVER, REPO, RESULTS, precompile
+from benchenv import BENCH, PG_SERVER, REPO, RESULTS, precompile, run_for_json
 
 DRIVER = BENCH / "ab_driver.py"
 WORKLOADS = ("single", "bulk", "drain", "idle")
@@ -59,18 +59,13 @@ def measure(checkout: Path, database: str, workload: str, **options: Any) -> dic
     command += ["--manage", str(checkout / "testproject" / "manage.py")]
     for name, value in options.items():
         command += [f"--{name}", str(value)]
-    done = subprocess.run(
+    return run_for_json(
         command,
+        what=f"{checkout} {workload}",
         env=side_env(checkout, database),
         cwd=checkout,
-        capture_output=True,
-        text=True,
         timeout=900,
-        check=False,
     )
-    if done.returncode:
-        raise RuntimeError(f"{checkout} {workload} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def recreate(database: str) -> None:

@@ -56,6 +56,7 @@ from benchenv import (
     django_env,
     precompile,
     recreate_database,
+    run_for_json,
     runtasks_command,
 )
 from cpuaccount import accounted_loop, thread_cpu
@@ -202,18 +203,9 @@ class Side:
     def step(self, step: str, tasks: int = 0, spy: list[str] | None = None) -> dict[str, Any]:
         """Run one client step in a fresh process (optionally under py-spy); its JSON line."""
         command = [self.python, *self.client, step, "--tasks", str(tasks)]
-        done = subprocess.run(
-            [*(spy or []), *command],
-            env=self.env,
-            cwd=BENCH,
-            capture_output=True,
-            text=True,
-            check=False,
+        return run_for_json(
+            [*(spy or []), *command], what=f"{self.name} {step}", env=self.env, cwd=BENCH
         )
-        if done.returncode:
-            raise RuntimeError(f"{self.name} {step} failed: {done.stderr[-2000:]}")
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        return json.loads(lines[-1])  # py-spy prints its own lines too
 
     def workers(self, processes: int) -> list[list[str]]:
         """The worker commands of a drain: one supervisor, or one process per worker."""

@@ -48,6 +48,36 @@ def django_env(database_url: str) -> dict[str, str]:
     }
 
 
+def run_for_json(
+    command: Sequence[str],
+    *,
+    what: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Run one measuring process; return the last JSON object line of its output (tools
+    such as py-spy print lines of their own). A failure raises ``RuntimeError`` naming
+    ``what`` with the end of its stderr; a timeout, ``subprocess.TimeoutExpired``."""
+    import json
+
+    done = subprocess.run(
+        list(command),
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{what} printed no JSON result:\n{done.stdout[-3000:]}")
+    return dict(json.loads(lines[-1]))
+
+
 def recreate_database(name: str) -> None:
     """Drop the PostgreSQL database ``name`` (ending its sessions) and create it empty."""
     import psycopg

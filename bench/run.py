@@ -47,6 +47,7 @@ from benchenv import (
     RESULTS,
     django_env,
     precompile,
+    run_for_json,
 )
 from report import Row, Series
 
@@ -157,17 +158,9 @@ def driver(
     for name, value in options.items():
         if value is not None:
             command += [f"--{name.replace('_', '-')}", str(value)]
-    done = subprocess.run(
-        command,
-        env=django_env(database_url),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+    return run_for_json(
+        command, what=" ".join(command[1:]), env=django_env(database_url), timeout=timeout
     )
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(command[1:])} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def reset_postgres() -> None:

@@ -32,3 +32,20 @@ def test_phase_gaps_without_events():
         "rate": 0.0,
         "longest_gap_ms": 0.0,
     }
+
+
+def test_run_for_json_returns_the_last_json_line_among_other_output():
+    from benchenv import run_for_json
+
+    script = "print('py-spy: sampling'); print('{\"a\": 1}'); print('{\"rate\": 2.5}')"
+    assert run_for_json([sys.executable, "-c", script], what="probe") == {"rate": 2.5}
+
+
+def test_run_for_json_names_a_failed_step_with_its_stderr():
+    from benchenv import run_for_json
+
+    failing = "import sys; sys.stderr.write('no connection slot'); sys.exit(3)"
+    with pytest.raises(RuntimeError, match=r"probe failed:\n.*no connection slot"):
+        run_for_json([sys.executable, "-c", failing], what="probe")
+    with pytest.raises(RuntimeError, match="probe printed no JSON result"):
+        run_for_json([sys.executable, "-c", "print('done')"], what="probe")
