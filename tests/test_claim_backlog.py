@@ -84,33 +84,56 @@ def test_the_claim_takes_due_tasks_in_claim_order_across_queues_and_priorities()
     assert _claim(["a", "b"]) == []
 
 
+# The claim's parameters' types, in claim_parameters' order (a PREPARE names them).
+CLAIM_PARAMETER_TYPES = "text, text[], bigint, bigint, text, float8, text"
+
+
 @pytest.mark.postgres
-def test_the_claim_reads_the_same_buffers_whatever_the_backlog():
+@pytest.mark.parametrize("planning", ["custom", "generic"])
+def test_the_claim_reads_the_same_buffers_whatever_the_backlog(planning: str):
     """EXPLAIN (ANALYZE, BUFFERS) of the worker's claim, idle, beside 1,000 and then
     20,000 rows of each kind nobody may take yet: the buffers it reads stay within a small
-    constant (a deeper index), where a walk of the backlog would read thousands more."""
+    constant (a deeper index), where a walk of the backlog would read thousands more.
+    Both with a plan made for the call's values and with the generic plan the worker's
+    prepared claim runs (``db/pgexec.py``), made without knowing them."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's EXPLAIN")
     from django_tasks_plus.db.postgresql import CLAIM, claim_parameters
+
+    params = claim_parameters(
+        backend_name="default",
+        queues=["default"],
+        filter_params=[],
+        limit=16,
+        lease_token="token",
+        visibility_timeout=60.0,
+        worker_id="w",
+    )
+    numbered = CLAIM
+    for number in range(1, len(params) + 1):
+        numbered = numbered.replace("%s", f"${number}", 1)
+    assert "%s" not in numbered
 
     def idle_claim_buffers() -> tuple[int, int]:
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {TABLE}")
             cursor.execute("BEGIN")
-            cursor.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM,
-                claim_parameters(
-                    backend_name="default",
-                    queues=["default"],
-                    filter_params=[],
-                    limit=16,
-                    lease_token="token",
-                    visibility_timeout=60.0,
-                    worker_id="w",
-                ),
-            )
+            if planning == "custom":
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM, params)
+            else:
+                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                cursor.execute(f"PREPARE dtp_claim ({CLAIM_PARAMETER_TYPES}) AS {numbered}")
+                cursor.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE dtp_claim "
+                    f"({', '.join(['%s'] * len(params))})",
+                    params,
+                )
             (raw,) = cursor.fetchone()
             cursor.execute("ROLLBACK")
+            # A generic plan shows the parameters where a custom one shows their values.
+            assert ("$1" in json.dumps(raw)) == (planning == "generic")
+            if planning == "generic":
+                cursor.execute("DEALLOCATE dtp_claim")  # a session's, not a transaction's
         plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
         blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
         return blocks, plan["Actual Rows"]

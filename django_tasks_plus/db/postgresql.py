@@ -60,7 +60,9 @@ SERVED = "(SELECT DISTINCT %s::text AS backend_name, unnest(%s::text[]) AS queue
 # clock. A hostile row whose worker_ids is not an array gets a fresh one rather than
 # failing the whole claim.
 # The candidates are sql.CLAIM_CANDIDATES_LATERAL: their cost does not grow with tasks due
-# later or tasks of other queues.
+# later or tasks of other queues. The rows are then found by primary key (an array, not a
+# join: a join's method is chosen by the table's estimated size, and the worker's generic
+# plan, pgexec.PLAN_ONCE, may have been made when the table was nearly empty).
 # Parameters (``claim_parameters``): backend, queues (one text array), the claim filters',
 # limit (twice), lease token, lease seconds, worker id.
 CLAIM_TEMPLATE = """
@@ -76,7 +78,7 @@ CLAIM_TEMPLATE = """
         ) || jsonb_build_array(%s::text),
         started_at = COALESCE(task.started_at, {now}),
         last_attempted_at = {now}
-    FROM picked WHERE task.id = picked.id
+    WHERE task.id = ANY (ARRAY(SELECT picked.id FROM picked))
     RETURNING {returning}, task.last_attempted_at
 """
 
@@ -151,7 +153,7 @@ SET_WORKER_TIMEOUTS = """
 # server's, the role's, or the connection options' own).
 RESET_WORKER_TIMEOUTS = """
     SELECT set_config(name, reset_val, false) FROM pg_settings
-     WHERE name IN ('statement_timeout', 'lock_timeout', 'jit')
+     WHERE name IN ('statement_timeout', 'lock_timeout', 'jit', 'plan_cache_mode', 'enable_seqscan')
 """
 
 # Many fenced outcomes that set the same columns, in one statement: the whole group is
@@ -340,6 +342,7 @@ class PostgreSQLDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(RESET_WORKER_TIMEOUTS)
         raw._dtp_bounded = None
+        raw._dtp_prepares = False  # pgexec.PLAN_ONCE is undone: set again before preparing
 
 
 @lru_cache(maxsize=64)

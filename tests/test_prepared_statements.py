@@ -1,0 +1,178 @@
+"""The worker's claim and outcome writes are prepared on its own session and planned once
+(PostgreSQL), unless the project says ``OPTIONS["prepare_threshold"] = None``; a session
+that loses its prepared statements (a pooler in transaction mode) goes on unprepared and
+loses nothing."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection, transaction
+
+from django_tasks_plus.compat import TaskResultStatus
+from django_tasks_plus.db import dialect_for
+from django_tasks_plus.db.completions import apply_transitions
+from django_tasks_plus.lifecycle import Transition
+from django_tasks_plus.models import TaskRecord
+from tests import tasks
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        "connection.vendor != 'postgresql'", reason="PostgreSQL's prepared statements"
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def fresh_session() -> Iterator[None]:
+    """Each test starts on a new session and leaves none behind with its settings."""
+    connection.close()
+    yield
+    connection.close()
+
+
+def _claim(limit: int = 16) -> list[Any]:
+    return dialect_for(connection).claim(
+        connection,
+        backend_name="default",
+        queues=["default"],
+        limit=limit,
+        worker_id="w",
+        lease_token=uuid.uuid4().hex,
+        visibility_timeout=60.0,
+    )
+
+
+def _prepared() -> dict[str, tuple[int, int]]:
+    """This session's prepared statements: the first words of each, with its generic and
+    custom plan counts."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        return {" ".join(text.split())[:40]: (generic, custom) for text, generic, custom in cursor}
+
+
+def _deallocate_behind_the_drivers_back() -> None:
+    """Drop every prepared statement of the session one by one (psycopg notices only
+    ``DEALLOCATE ALL`` and ``DISCARD ALL``): what a pooler handing over another server
+    session amounts to."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        for (name,) in cursor.fetchall():
+            cursor.execute(f'DEALLOCATE "{name}"')
+
+
+def _claim_plans() -> tuple[int, int] | None:
+    return next(
+        (plans for text, plans in _prepared().items() if text.startswith("WITH picked")), None
+    )
+
+
+def test_the_claim_is_prepared_once_and_planned_generically():
+    for _ in range(3):
+        tasks.add.enqueue(1, 2)
+    assert len(_claim(limit=1)) == 1
+    assert len(_claim(limit=1)) == 1
+    assert _claim() != []
+    assert _claim() == []
+    # Four claims, one prepared statement, planned without its values each time: no
+    # parse and no plan per claim.
+    assert _claim_plans() == (4, 0)
+
+
+def test_an_explicit_prepare_threshold_of_none_prepares_nothing(settings):  # type: ignore[no-untyped-def]
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    had = "prepare_threshold" in options
+    before = options.get("prepare_threshold")
+    options["prepare_threshold"] = None
+    try:
+        tasks.add.enqueue(1, 2)
+        assert len(_claim()) == 1
+        assert _claim() == []
+        assert _prepared() == {}
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW plan_cache_mode")
+            assert cursor.fetchone()[0] == "auto"
+    finally:
+        if had:
+            options["prepare_threshold"] = before
+        else:
+            del options["prepare_threshold"]
+
+
+def test_a_claim_whose_prepared_statement_vanished_runs_unprepared(caplog):  # type: ignore[no-untyped-def]
+    """What a pooler in transaction mode does: the next server session lacks the
+    statement. The claim runs again unprepared, says why once, and prepares no more."""
+    assert _claim() == []
+    assert _claim_plans() is not None
+    _deallocate_behind_the_drivers_back()
+    result = tasks.add.enqueue(1, 2)
+    with caplog.at_level(logging.WARNING, logger="django_tasks_plus.worker"):
+        [claimed] = _claim()
+        assert _claim() == []
+    assert claimed.id == result.id
+    warnings = [r for r in caplog.records if "prepared statement" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "prepare_threshold" in warnings[0].getMessage()
+    assert _prepared() == {}
+
+
+def test_an_outcome_whose_prepared_statement_vanished_is_written_on_the_retry():
+    """Inside the outcome's transaction the statement cannot simply run again: the write
+    fails as a lost connection would (the reporter retries those), and the retry lands."""
+    first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    claimed = {task.id: task for task in _claim()}
+    success = Transition(TaskResultStatus.SUCCESSFUL, {"return_value": 3})
+    assert apply_transitions("default", [(claimed[first.id], success)]) == [True]
+    assert any(text.startswith("UPDATE") for text in _prepared())
+    _deallocate_behind_the_drivers_back()
+    with pytest.raises(OperationalError, match="prepared statement"):
+        apply_transitions("default", [(claimed[second.id], success)])
+    assert TaskRecord.objects.get(id=second.id).status == "RUNNING"  # rolled back whole
+    assert not transaction.get_connection().in_atomic_block
+    assert apply_transitions("default", [(claimed[second.id], success)]) == [True]
+    assert TaskRecord.objects.get(id=second.id).status == "SUCCESSFUL"
+    assert _prepared() == {}
+
+
+def test_a_claim_planned_on_an_empty_table_stays_on_indexes_as_the_table_grows():
+    """A generic plan is kept until the table's statistics change (never, here: no
+    ANALYZE), so the one made at the first claim, on an empty table, must not be the
+    cheapest plan for a few rows (a sequential scan): beside 60,000 rows nobody may take
+    yet, the cached claim still reads a few dozen buffers."""
+    import json
+
+    from tests.test_claim_backlog import _backlog, _insert
+
+    assert _claim() == []
+    [name] = [
+        name
+        for name, text in _named_statements()
+        if " ".join(text.split()).startswith("WITH picked")
+    ]
+    _backlog(20_000)
+    _insert(3, queue="default", priority=0, due_in_seconds=-5)
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute(
+            f'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE "{name}" '
+            "('default', '{default}', 16, 16, 'token', 60, 'w')"
+        )
+        (raw,) = cursor.fetchone()
+        cursor.execute("ROLLBACK")
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    assert plan["Actual Rows"] == 3
+    assert "$1" in json.dumps(raw)  # the cached generic plan, not one made for these values
+    blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert blocks < 200, blocks  # a sequential scan reads ~1,200 (the whole table)
+
+
+def _named_statements() -> list[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, statement FROM pg_prepared_statements")
+        return cursor.fetchall()
