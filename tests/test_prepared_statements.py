@@ -176,3 +176,29 @@ def _named_statements() -> list[tuple[str, str]]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT name, statement FROM pg_prepared_statements")
         return cursor.fetchall()
+
+
+def _planner_settings() -> tuple[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')"
+        )
+        return cursor.fetchone()
+
+
+def test_the_planner_settings_go_with_the_worker_s_other_bounds():
+    """The generic plan and index-only paths are the worker session's, set at its first
+    prepared statement; unbinding the session (a pooled one handed back) gives them back,
+    and the next prepared statement sets them again."""
+    from django_tasks_plus.db import worker_connection
+
+    own = _planner_settings()
+    assert own == ("auto", "on")
+    worker_connection("default", 30)  # this thread's connection, bounded
+    _claim()
+    assert _planner_settings() == ("force_generic_plan", "off")
+    dialect_for(connection).unbound_worker_statements(connection)
+    assert _planner_settings() == own
+    worker_connection("default", 30)
+    _claim()
+    assert _planner_settings() == ("force_generic_plan", "off")
