@@ -18,7 +18,9 @@ attempt of a task whose call has a breaker key, the middleware
 State changes, probes, holds of many tasks, releases and drops are emitted as events and
 logged; ``on_state_change`` and ``on_drop`` run after the change is committed. A hook or
 a failure predicate that raises is logged and changes nothing. A stored circuit that
-cannot be read is treated as closed and logged, and overwritten by the next change.
+cannot be read is treated as closed and logged, and overwritten by the next change. A
+circuit the database cannot answer for (a lost connection, a lock or statement timeout)
+holds the task a few seconds without spending an attempt (``_undecided``).
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from . import compat, events
 from .breaker import (
@@ -63,6 +65,9 @@ from .exceptions import BreakerHeldTooLong, CircuitNotFound, InvalidBackendOptio
 from .middleware import Attempt, Handler, Hold, Middleware
 
 logger = logging.getLogger("django_tasks_plus.breakers")
+# How long a task waits when its circuit could not be read (``_undecided``).
+UNDECIDED_HOLD = timedelta(seconds=5)
+
 # How often a closing probe looks whether the holds decided just before it are written.
 LATE_HOLD_POLL = 0.02
 
@@ -115,15 +120,19 @@ def _database(backend: str) -> str:
 
 
 def _guarded(breaker: Breaker, where: _Key, attempt: Attempt, call_next: Handler) -> Any:
-    before = _read(where)
-    probe = False
-    if before.state is not State.CLOSED:
-        decision, before = _decide(breaker, where, attempt)
-        if isinstance(decision, Wait):
-            return Hold(until=decision.until, reason=f"breaker {where.scoped}: {decision.reason}")
-        if isinstance(decision, Drop):
-            raise _dropped(breaker, where, attempt, decision)
-        probe = decision.probe
+    try:
+        before = _read(where)
+        probe = False
+        if before.state is not State.CLOSED:
+            decision, before = _decide(breaker, where, attempt)
+            if isinstance(decision, Wait):
+                reason = f"breaker {where.scoped}: {decision.reason}"
+                return Hold(until=decision.until, reason=reason)
+            if isinstance(decision, Drop):
+                raise _dropped(breaker, where, attempt, decision)
+            probe = decision.probe
+    except (OperationalError, InterfaceError) as exc:
+        return _undecided(breaker, where, attempt, exc)
     try:
         value = call_next(attempt)
     except BaseException as exc:
@@ -138,6 +147,30 @@ def _guarded(breaker: Breaker, where: _Key, attempt: Attempt, call_next: Handler
     elif probe or before.failures:
         _record(breaker, where, attempt, "success")
     return value
+
+
+def _undecided(
+    breaker: Breaker, where: _Key, attempt: Attempt, exc: OperationalError | InterfaceError
+) -> Hold:
+    """The database could not answer for the circuit (a lost connection, a lock or
+    statement timeout): trouble that is not the task's, so the task waits a little without
+    spending an attempt. Past the held TTL (by this host's clock: the database's is what
+    failed), the error fails the attempt as any other would, so a breaker that cannot be
+    read for days does not hold its tasks for ever."""
+    held_since = attempt.held_since
+    if held_since is not None and datetime.now(UTC) >= held_since + breaker.ttl:
+        raise exc
+    logger.warning(
+        "Circuit breaker %s: its state could not be read (%s: %s); task %s held %s s "
+        "without spending an attempt.",
+        where.scoped,
+        type(exc).__name__,
+        exc,
+        attempt.id,
+        UNDECIDED_HOLD.total_seconds(),
+    )
+    reason = f"breaker {where.scoped}: its state could not be read ({type(exc).__name__})"
+    return Hold(delay=UNDECIDED_HOLD, reason=reason)
 
 
 # -- reading and deciding ---------------------------------------------------------------------

@@ -1027,3 +1027,43 @@ def test_a_half_open_circuit_probes_again_if_its_probe_stays_silent_and_a_closed
     assert next_probe(half_open(started=NOW), recovery) == NOW + recovery
     assert next_probe(half_open(started=NOW), None) is None
     assert next_probe(CLOSED, recovery) is None
+
+
+def test_a_circuit_the_database_cannot_answer_for_holds_until_the_held_ttl_runs_out():
+    """``_undecided``: a short hold while the task has not been held for ``held_ttl``;
+    after that the database's error fails the attempt (tests/test_breakers.py has the
+    worker's side, with a real lock timeout)."""
+    from django.db import OperationalError
+
+    from django_tasks_plus.circuits import UNDECIDED_HOLD, _Key, _undecided
+    from django_tasks_plus.middleware import Attempt, Hold
+    from tests import tasks
+
+    breaker = Breaker(key=lambda host: host, name="web", held_ttl=60)
+    where = _Key("default", "default", "web", "example.com")
+    task = tasks.call_host
+    error = OperationalError("canceling statement due to lock timeout")
+
+    def attempt(held_for: timedelta | None) -> Attempt:
+        held_since = None if held_for is None else datetime.now(UTC) - held_for
+        return Attempt(
+            id="t1",
+            task=task,
+            task_path=task.module_path,
+            queue_name="default",
+            priority=0,
+            number=1,
+            args=("example.com", 1),
+            kwargs={},
+            result=None,  # type: ignore[arg-type]  # not read
+            backend="default",
+            held_since=held_since,
+        )
+
+    for held_for in (None, timedelta(seconds=30)):
+        hold = _undecided(breaker, where, attempt(held_for), error)
+        assert isinstance(hold, Hold)
+        assert hold.delay == UNDECIDED_HOLD and hold.until is None
+        assert "web/example.com: its state could not be read (OperationalError)" in hold.reason
+    with pytest.raises(OperationalError, match="lock timeout"):
+        _undecided(breaker, where, attempt(timedelta(seconds=61)), error)

@@ -473,6 +473,50 @@ def test_a_corrupt_circuit_is_treated_as_closed(run_worker, markers):
     assert sum(1 for n, *_ in _calls(markers, "garbled") if n == 7) == row.attempt
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="lock_timeout by PGOPTIONS")
+def test_a_circuit_the_database_cannot_answer_for_holds_without_spending_an_attempt(
+    start_worker, markers, tmp_path
+):
+    """An operator's transaction holds the circuit's row lock while the circuit is open;
+    the worker's task threads give up waiting after lock_timeout (set for the worker's
+    sessions through libpq's PGOPTIONS). The task is held, its attempt not spent; once the
+    lock is gone it probes and runs."""
+    from django.db import transaction
+
+    now = timezone.now()
+    BreakerRecord.objects.create(
+        backend_name="default",
+        name="local",
+        key="locked",
+        state="open",
+        failures=json.dumps([now.isoformat()]),
+        opened_at=now - dt.timedelta(seconds=5),  # past recovery_delay: a probe may run
+        updated_at=now,
+    )
+    result = tasks.call_host.enqueue("locked", 1)
+    with transaction.atomic():
+        BreakerRecord.objects.select_for_update().get(name="local", key="locked")
+        proc = start_worker(
+            "--burst", "--concurrency", "1", env={"PGOPTIONS": "-c lock_timeout=200"}
+        )
+        assert proc.wait(timeout=60) == 0
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.attempt) == (READY, 0)
+    assert row.held_since is not None and row.run_after > timezone.now()
+    assert "Circuit breaker local/locked: its state could not be read (OperationalError" in (
+        worker_log(tmp_path)
+    )
+    assert _calls(markers, "locked") == []
+
+    TaskRecord.objects.filter(pk=result.id).update(run_after=timezone.now())
+    proc = start_worker("--burst", "--concurrency", "1")
+    assert proc.wait(timeout=60) == 0
+    result.refresh()
+    assert result.status == SUCCESSFUL
+    assert TaskRecord.objects.get(pk=result.id).attempt == 1
+    assert _state("local", "locked") == "closed"
+
+
 # -- 6. the key function at enqueue ----------------------------------------------------------
 
 
