@@ -14,7 +14,7 @@ import pytest
 from django.db import OperationalError, connection, transaction
 
 from django_tasks_plus.compat import TaskResultStatus
-from django_tasks_plus.db import dialect_for
+from django_tasks_plus.db import dialect_for, worker_connection
 from django_tasks_plus.db.completions import apply_transitions
 from django_tasks_plus.lifecycle import Transition
 from django_tasks_plus.models import TaskRecord
@@ -31,8 +31,10 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def fresh_session() -> Iterator[None]:
-    """Each test starts on a new session and leaves none behind with its settings."""
+    """Each test starts on a new session, bounded as the worker's own sessions are, and
+    leaves none behind with its settings."""
     connection.close()
+    worker_connection("default", 30)
     yield
     connection.close()
 
@@ -189,16 +191,44 @@ def _planner_settings() -> tuple[str, str]:
 def test_the_planner_settings_go_with_the_worker_s_other_bounds():
     """The generic plan and index-only paths are the worker session's, set at its first
     prepared statement; unbinding the session (a pooled one handed back) gives them back,
-    and the next prepared statement sets them again."""
-    from django_tasks_plus.db import worker_connection
-
-    own = _planner_settings()
-    assert own == ("auto", "on")
-    worker_connection("default", 30)  # this thread's connection, bounded
+    and an application's session (never bounded) prepares nothing."""
+    assert _planner_settings() == ("auto", "on")
     _claim()
     assert _planner_settings() == ("force_generic_plan", "off")
     dialect_for(connection).unbound_worker_statements(connection)
-    assert _planner_settings() == own
+    assert _planner_settings() == ("auto", "on")
+    connection.close()  # a new session, as an application's: not bounded
+    tasks.add.enqueue(1, 2)
+    assert len(_claim()) == 1
+    assert _planner_settings() == ("auto", "on")
+    assert _prepared() == {}
     worker_connection("default", 30)
     _claim()
     assert _planner_settings() == ("force_generic_plan", "off")
+
+
+def test_a_worker_prepares_on_its_own_session_only():
+    """A burst worker (in this process) drains three tasks: the session its claim loop
+    and outcome writer share prepared their statements; no other session did."""
+    from django.db.backends.signals import connection_created
+
+    from django_tasks_plus.worker.config import WorkerConfig
+    from django_tasks_plus.worker.engine import Worker
+
+    opened: list[Any] = []
+
+    def remember(sender: Any, connection: Any, **kwargs: Any) -> None:
+        opened.append(connection.connection)
+
+    results = [tasks.add.enqueue(n, n) for n in range(3)]
+    connection_created.connect(remember, dispatch_uid="test_prepared_statements")
+    try:
+        assert Worker(WorkerConfig.from_settings("default", burst=True)).run() == 0
+    finally:
+        connection_created.disconnect(dispatch_uid="test_prepared_statements")
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    preparing = [raw for raw in opened if getattr(raw, "_dtp_prepares", False)]
+    assert len(preparing) == 1, (len(opened), len(preparing))
+    assert len(opened) >= 2  # the periodic services' session (and maybe others) did not

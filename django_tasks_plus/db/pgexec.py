@@ -103,15 +103,16 @@ def _prepared_statement_trouble(exc: Any) -> bool:
 
 
 def prepares(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``fetch_all`` prepares its statements on this session: unless the project
-    set ``OPTIONS["prepare_threshold"] = None``, or the session could not keep them.
-    Where psycopg would prepare nothing (Django's default threshold, None), it is given a
-    threshold no count reaches, so only what is asked for is prepared."""
+    """Whether ``fetch_all`` prepares its statements on this session: on a worker's own
+    session (bounded by ``Dialect.bound_worker_statements``; never an application's),
+    unless the project set ``OPTIONS["prepare_threshold"] = None``, or the session could
+    not keep them. Where psycopg would prepare nothing (Django's default threshold, None),
+    it is given a threshold no count reaches, so only what is asked for is prepared."""
     raw = connection.connection
-    if getattr(raw, "_dtp_unprepared", False):
-        return False
     if getattr(raw, "_dtp_prepares", False):
         return True
+    if getattr(raw, "_dtp_unprepared", False) or getattr(raw, "_dtp_bounded", None) is None:
+        return False
     options = connection.settings_dict.get("OPTIONS") or {}
     if "prepare_threshold" in options and options["prepare_threshold"] is None:
         return False
