@@ -99,23 +99,51 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
             proc.wait(timeout=10)
 
 
-def claim_one(worker_id: str = "in-process", visibility_timeout: float = 300) -> Any:
-    """Claim the next task of the default queue as ``worker_id``, as a worker would (a
-    negative ``visibility_timeout`` hands out a lease that has already expired)."""
+def claim_tasks(
+    limit: int = 16,
+    *,
+    queues: Sequence[str] = ("default",),
+    worker_id: str = "in-process",
+    visibility_timeout: float = 300,
+) -> list[Any]:
+    """Claim up to ``limit`` due tasks of ``queues`` as ``worker_id``, as a worker would,
+    on this test's connection (a negative ``visibility_timeout`` hands out leases that
+    have already expired)."""
     import uuid
 
     from django_tasks_plus.db import dialect_for
 
-    [claimed] = dialect_for(connection).claim(
+    return dialect_for(connection).claim(
         connection,
         backend_name="default",
-        queues=["default"],
-        limit=1,
+        queues=list(queues),
+        limit=limit,
         worker_id=worker_id,
         lease_token=uuid.uuid4().hex,
         visibility_timeout=visibility_timeout,
     )
+
+
+def claim_one(worker_id: str = "in-process", visibility_timeout: float = 300) -> Any:
+    """Claim the next task of the default queue (``claim_tasks``); fails if there is none."""
+    [claimed] = claim_tasks(1, worker_id=worker_id, visibility_timeout=visibility_timeout)
     return claimed
+
+
+def idle_claim_parameters(visibility_timeout: float = 300.0) -> list[Any]:
+    """The worker's claim statement's parameters for up to 16 tasks of the default queue
+    (``db/postgresql.claim_parameters``), as a test EXPLAINs it."""
+    from django_tasks_plus.db.postgresql import claim_parameters
+
+    return claim_parameters(
+        backend_name="default",
+        queues=["default"],
+        filter_params=[],
+        limit=16,
+        lease_token="token",
+        visibility_timeout=visibility_timeout,
+        worker_id="worker",
+    )
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:

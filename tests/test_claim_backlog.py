@@ -4,7 +4,6 @@ tasks of queues the worker does not serve cost it nothing that grows with their 
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from django.db import connection
 
 from django_tasks_plus.db import dialect_for
 from django_tasks_plus.models import TaskRecord
+from tests.conftest import claim_tasks, idle_claim_parameters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,15 +56,7 @@ def _backlog(count: int) -> None:
 
 
 def _claim(queues: list[str], limit: int = 16) -> list[Any]:
-    return dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=queues,
-        limit=limit,
-        worker_id="w",
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=60.0,
-    )
+    return claim_tasks(limit, queues=queues, worker_id="w", visibility_timeout=60.0)
 
 
 def test_the_claim_takes_due_tasks_in_claim_order_across_queues_and_priorities():
@@ -98,17 +90,9 @@ def test_the_claim_reads_the_same_buffers_whatever_the_backlog(planning: str):
     prepared claim runs (``db/pgexec.py``), made without knowing them."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's EXPLAIN")
-    from django_tasks_plus.db.postgresql import CLAIM, claim_parameters
+    from django_tasks_plus.db.postgresql import CLAIM
 
-    params = claim_parameters(
-        backend_name="default",
-        queues=["default"],
-        filter_params=[],
-        limit=16,
-        lease_token="token",
-        visibility_timeout=60.0,
-        worker_id="w",
-    )
+    params = idle_claim_parameters()
     numbered = CLAIM
     for number in range(1, len(params) + 1):
         numbered = numbered.replace("%s", f"${number}", 1)

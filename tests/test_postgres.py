@@ -8,7 +8,7 @@ from django.db import connection
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from tests import tasks
-from tests.conftest import wait_for, worker_log
+from tests.conftest import idle_claim_parameters, wait_for, worker_log
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -93,7 +93,7 @@ def test_claim_plan_uses_the_partial_claim_index():
     beside 50,000 finished ones (as in the benchmark's W4, scaled down): it must walk the
     partial claim index (dtp_task_claim_idx), not scan or sort the table."""
     from django_tasks_plus.db.pgexec import fetch_all
-    from django_tasks_plus.db.postgresql import CLAIM, claim_parameters
+    from django_tasks_plus.db.postgresql import CLAIM
 
     tasks.add.enqueue_many([((n, n), {}) for n in range(50_000)])
     TaskRecord.objects.update(status=TaskResultStatus.SUCCESSFUL)
@@ -101,16 +101,7 @@ def test_claim_plan_uses_the_partial_claim_index():
     table = TaskRecord._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {table}")
-    params = claim_parameters(
-        backend_name="default",
-        queues=["default"],
-        filter_params=[],
-        limit=16,
-        lease_token="token",
-        visibility_timeout=300.0,
-        worker_id="worker",
-    )
-    plan_rows = fetch_all(connection, "EXPLAIN " + CLAIM, params)
+    plan_rows = fetch_all(connection, "EXPLAIN " + CLAIM, idle_claim_parameters())
     plan = "\n".join(row[0] for row in plan_rows)
     assert "dtp_task_claim_idx" in plan, plan
     assert f"Seq Scan on {table} candidate" not in plan, plan

@@ -6,7 +6,6 @@ loses nothing."""
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from django_tasks_plus.db.completions import apply_transitions
 from django_tasks_plus.lifecycle import Transition
 from django_tasks_plus.models import TaskRecord
 from tests import tasks
+from tests.conftest import claim_tasks
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -40,15 +40,7 @@ def fresh_session() -> Iterator[None]:
 
 
 def _claim(limit: int = 16) -> list[Any]:
-    return dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=limit,
-        worker_id="w",
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=60.0,
-    )
+    return claim_tasks(limit, worker_id="w", visibility_timeout=60.0)
 
 
 def _prepared() -> dict[str, tuple[int, int]]:

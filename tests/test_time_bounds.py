@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import DataError, connection
+from django.db import DataError
 from django.utils import timezone as django_timezone
 
 from django_tasks_plus import (
@@ -38,7 +38,6 @@ from django_tasks_plus import (
 from django_tasks_plus.breaker import MAX_DURATION
 from django_tasks_plus.compat import TaskResultStatus, task_backends
 from django_tasks_plus.conf import parse_settings
-from django_tasks_plus.db import dialect_for
 from django_tasks_plus.db.completions import apply_outcome as completions_apply_outcome
 from django_tasks_plus.definition import validate_task_options
 from django_tasks_plus.lifecycle import (
@@ -56,7 +55,7 @@ from django_tasks_plus.worker.execution import TaskRunner
 from django_tasks_plus.worker.reporter import Reporter
 from django_tasks_plus.worker.tasklog import describe_outcome
 from tests import tasks
-from tests.conftest import runtasks_command, worker_env
+from tests.conftest import claim_tasks, runtasks_command, worker_env
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -241,15 +240,7 @@ def test_the_outcome_line_shows_a_time_the_local_zone_cannot(settings):
 
 
 def _claim(limit: int) -> list[ClaimedTask]:
-    return dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=limit,
-        worker_id="in-process",
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=300,
-    )
+    return claim_tasks(limit)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -332,15 +323,7 @@ def test_the_reaper_settles_alone_a_row_whose_outcome_the_database_refuses(monke
     behind it are never returned."""
     backend = task_backends["default"]
     first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
-    expired = dialect_for(connection).claim(
-        connection,
-        backend_name="default",
-        queues=["default"],
-        limit=2,
-        worker_id="dead-worker",
-        lease_token=uuid.uuid4().hex,
-        visibility_timeout=-1,  # already expired
-    )
+    expired = claim_tasks(2, worker_id="dead-worker", visibility_timeout=-1)  # expired
     assert {task.id for task in expired} == {first.id, second.id}
     refused_once: list[str] = []
 
