@@ -67,9 +67,8 @@ def fetch_all(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) 
 
     connection.ensure_connection()
     raw = connection.connection
-    with connection.wrap_database_errors:
-        prepare = prepares(connection)
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        prepare = prepares(connection)
         if connection.timezone is UTC:
             # Django's timestamp loader re-stamps each value with its time zone in Python
             # (a twentieth of a worker's CPU in a drain: six timestamps per claimed row).
@@ -83,13 +82,23 @@ def fetch_all(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) 
             if not prepare or not _prepared_statement_trouble(exc):
                 raise
             stop_preparing(raw, exc)
-            if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            if _in_transaction(connection):
                 # The transaction is spoilt: its owner runs it again (now unprepared).
                 raise psycopg.OperationalError(
                     f"a prepared statement failed ({exc}); preparing is now off for this session"
                 ) from exc
             cursor.execute(sql, params, prepare=False)
         return cursor.fetchall()
+
+
+def _in_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the session is inside a transaction (or a failed one), as the driver
+    reports it (``Dialect.driver_state``), not as Django's bookkeeping says; a driver
+    that cannot tell counts as inside one (no session setting, no silent retry)."""
+    from . import dialect_for
+
+    state = dialect_for(connection).driver_state(connection.connection)
+    return state is None or state.in_transaction
 
 
 def _prepared_statement_trouble(exc: Any) -> bool:
@@ -116,9 +125,7 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
     options = connection.settings_dict.get("OPTIONS") or {}
     if "prepare_threshold" in options and options["prepare_threshold"] is None:
         return False
-    import psycopg
-
-    if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+    if _in_transaction(connection):
         return False  # the session setting below would end with this transaction
     with raw.cursor() as cursor:
         # Plan each prepared statement once: a session setting, not a transaction's.
