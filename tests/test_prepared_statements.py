@@ -15,6 +15,7 @@ from django.db import OperationalError, connection, transaction
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db import dialect_for, worker_connection
 from django_tasks_plus.db.completions import apply_transitions
+from django_tasks_plus.db.pgexec import worker_session
 from django_tasks_plus.lifecycle import Transition
 from django_tasks_plus.models import TaskRecord
 from tests import tasks
@@ -114,6 +115,42 @@ def test_a_claim_whose_prepared_statement_vanished_runs_unprepared(caplog):  # t
     assert len(warnings) == 1, warnings
     assert "prepare_threshold" in warnings[0].getMessage()
     assert _prepared() == {}
+
+
+def test_a_claim_whose_result_type_a_migration_changed_runs_unprepared(caplog):  # type: ignore[no-untyped-def]
+    """A migration that changes a column the claim returns, while a worker runs: the
+    prepared claim fails with "cached plan must not change result type" (0A000), and is
+    run again unprepared, as for a vanished statement."""
+    import psycopg
+
+    from django_tasks_plus.limits import TASK_PATH_MAX_LENGTH
+
+    assert _claim() == []
+    assert _claim_plans() is not None
+    table = TaskRecord._meta.db_table
+
+    def task_path_length(length: int) -> None:
+        # From another session, as ``migrate`` would (on its own session, psycopg drops
+        # its prepared statements after an ALTER and the failure never shows).
+        with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+            other.execute(f"ALTER TABLE {table} ALTER COLUMN task_path TYPE varchar({length})")
+
+    task_path_length(TASK_PATH_MAX_LENGTH + 1)
+    try:
+        result = tasks.add.enqueue(1, 2)
+        with caplog.at_level(logging.WARNING, logger="django_tasks_plus.worker"):
+            [claimed] = _claim()
+        assert claimed.id == result.id
+        warnings = [r for r in caplog.records if "prepared statement" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+        assert "a migration" in warnings[0].getMessage()
+        assert not worker_session(connection.connection).planned_once
+        # The stale statement is left on the server but never executed again.
+        tasks.add.enqueue(3, 4)
+        assert len(_claim()) == 1
+        assert _claim_plans() == (1, 0)
+    finally:
+        task_path_length(TASK_PATH_MAX_LENGTH)
 
 
 def test_an_outcome_whose_prepared_statement_vanished_is_written_on_the_retry():
@@ -221,6 +258,6 @@ def test_a_worker_prepares_on_its_own_session_only():
     for result in results:
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
-    preparing = [raw for raw in opened if getattr(raw, "_dtp_prepares", False)]
+    preparing = [raw for raw in opened if worker_session(raw).planned_once]
     assert len(preparing) == 1, (len(opened), len(preparing))
     assert len(opened) >= 2  # the periodic services' session (and maybe others) did not

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC
 from functools import cache
 from typing import Any, cast
@@ -58,6 +59,36 @@ PLAN_ONCE = (
     "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
     " set_config('enable_seqscan', 'off', false)"
 )
+
+
+@dataclass
+class WorkerSession:
+    """What the worker has set on one PostgreSQL session. Kept on the driver's connection
+    object, which lives exactly as long as the server session, so a reconnect starts
+    from nothing; written here and by the dialect's bound/unbound, read nowhere else."""
+
+    # The worker's statement and lock timeouts (``Dialect.bound_worker_statements``);
+    # None on an application's session, which ``fetch_all`` never prepares on.
+    bounded_seconds: float | None = None
+    # ``PLAN_ONCE`` is set and ``fetch_all`` prepares its statements.
+    planned_once: bool = False
+    # A prepared statement failed here (a pooler): prepare nothing more on this session.
+    unprepared: bool = False
+
+    def unbound(self) -> None:
+        """The worker's settings were reset (``RESET_WORKER_TIMEOUTS`` undoes
+        ``PLAN_ONCE`` too): set them again before preparing."""
+        self.bounded_seconds = None
+        self.planned_once = False
+
+
+def worker_session(raw: Any) -> WorkerSession:
+    """The worker's record of the session behind the driver connection ``raw``."""
+    state = getattr(raw, "_dtp_worker_session", None)
+    if state is None:
+        state = WorkerSession()
+        raw._dtp_worker_session = state
+    return cast(WorkerSession, state)
 
 
 def fetch_all(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -118,9 +149,10 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
     not keep them. Where psycopg would prepare nothing (Django's default threshold, None),
     it is given a threshold no count reaches, so only what is asked for is prepared."""
     raw = connection.connection
-    if getattr(raw, "_dtp_prepares", False):
+    session = worker_session(raw)
+    if session.planned_once:
         return True
-    if getattr(raw, "_dtp_unprepared", False) or getattr(raw, "_dtp_bounded", None) is None:
+    if session.unprepared or session.bounded_seconds is None:
         return False
     options = connection.settings_dict.get("OPTIONS") or {}
     if "prepare_threshold" in options and options["prepare_threshold"] is None:
@@ -132,18 +164,27 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
         cursor.execute(PLAN_ONCE)
     if raw.prepare_threshold is None:
         raw.prepare_threshold = ONLY_WHEN_ASKED
-    raw._dtp_prepares = True
+    session.planned_once = True
     return True
 
 
 def stop_preparing(raw: Any, exc: Exception) -> None:
     """Prepare nothing more on this session (until the worker replaces it); say why once
     per session."""
-    if getattr(raw, "_dtp_unprepared", False):
+    session = worker_session(raw)
+    if session.unprepared:
         return
-    raw._dtp_unprepared = True
-    raw._dtp_prepares = False
+    session.unprepared = True
+    session.planned_once = False
     raw.prepare_threshold = None
+    if getattr(exc, "sqlstate", None) == "0A000":  # see _prepared_statement_trouble
+        logger.warning(
+            "A prepared statement of the worker failed on its database session (%s): a "
+            "migration changed a column it returns. The worker stops preparing on that "
+            "session; restart workers after such migrations to prepare again.",
+            exc,
+        )
+        return
     logger.warning(
         "A prepared statement of the worker failed on its database session (%s): is a "
         "pooler in transaction mode in between? The worker stops preparing on that "

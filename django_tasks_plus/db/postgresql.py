@@ -29,7 +29,7 @@ from .base import (
     sort_claimed,
     table,
 )
-from .pgexec import bound_cursor, fetch_all
+from .pgexec import bound_cursor, fetch_all, worker_session
 
 if TYPE_CHECKING:
     from .completions import Completion
@@ -328,21 +328,20 @@ class PostgreSQLDialect(Dialect):
 
     def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
         raw = connection.connection
-        if raw is None or getattr(raw, "_dtp_bounded", None) == seconds:
+        if raw is None or worker_session(raw).bounded_seconds == seconds:
             return
         milliseconds = max(1, int(seconds * 1000))
         with connection.cursor() as cursor:
             cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
-        raw._dtp_bounded = seconds
+        worker_session(raw).bounded_seconds = seconds
 
     def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
         raw = connection.connection
-        if raw is None or getattr(raw, "_dtp_bounded", None) is None:
+        if raw is None or worker_session(raw).bounded_seconds is None:
             return
         with connection.cursor() as cursor:
             cursor.execute(RESET_WORKER_TIMEOUTS)
-        raw._dtp_bounded = None
-        raw._dtp_prepares = False  # pgexec.PLAN_ONCE is undone: set again before preparing
+        worker_session(raw).unbound()
 
 
 @lru_cache(maxsize=64)
