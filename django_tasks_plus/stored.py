@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .codec import loads
@@ -58,7 +59,20 @@ def _text(value: str | bytes) -> str:
 
 def worker_id_list(value: Any) -> tuple[str, ...]:
     """The ``worker_ids`` column as a tuple of ids; a corrupt value reads as none."""
-    if value == "[]":  # a fresh task's: no decoding (a claim reads thousands a second)
+    if isinstance(value, str):
+        return _worker_ids_from_text(value)
+    return _worker_ids(value)
+
+
+@lru_cache(maxsize=256)
+def _worker_ids_from_text(text: str) -> tuple[str, ...]:
+    """Decoded once per distinct text: a claim returns thousands of rows a second whose
+    ``worker_ids`` read the same (``["<this worker>"]`` on every first attempt)."""
+    return _worker_ids(text)
+
+
+def _worker_ids(value: Any) -> tuple[str, ...]:
+    if value == "[]":  # a fresh task's: no decoding
         return ()
     value = parse_column(value)
     if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):

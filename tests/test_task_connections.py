@@ -266,3 +266,54 @@ def test_task_finished_receivers_write_after_the_task_threads_sessions_are_termi
     failed = [entry for entry in _receipt_log(markers) if entry[0] == "failed"]
     assert failed == []
     assert _receipts() == expected
+
+
+def test_the_hygiene_passes_see_exactly_the_connections_the_thread_opened():
+    """``thread_connections`` (one thread-local read per alias) lists what Django's
+    ``connections.all(initialized_only=True)`` lists, in a thread that opened none, one,
+    and a second alias; ``any_pooled`` reads the settings."""
+    import threading
+
+    from django.db import connections
+
+    from django_tasks_plus.worker.hygiene import any_pooled, thread_connections
+
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def both() -> None:
+        ours = [wrapper.alias for wrapper in thread_connections()]
+        django = [wrapper.alias for wrapper in connections.all(initialized_only=True)]
+        seen.append((ours, django))
+
+    def run() -> None:
+        both()
+        connections["default"].ensure_connection()
+        both()
+        for alias in connections:
+            if alias != "default":
+                connections[alias].ensure_connection()
+        both()
+        for wrapper in connections.all(initialized_only=True):
+            wrapper.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert [ours for ours, _ in seen] == [django for _, django in seen]
+    assert seen[0][0] == [] and seen[1][0] == ["default"]
+    assert seen[2][0] == list(connections)
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    had, before = "pool" in options, options.get("pool")
+    try:
+        others = [
+            settings for alias, settings in connections.settings.items() if alias != "default"
+        ]
+        options["pool"] = False
+        assert any_pooled() == any((other.get("OPTIONS") or {}).get("pool") for other in others)
+        options["pool"] = {"min_size": 1}
+        assert any_pooled()
+    finally:
+        if had:
+            options["pool"] = before
+        else:
+            del options["pool"]
