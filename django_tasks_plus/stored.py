@@ -59,9 +59,13 @@ def _text(value: str | bytes) -> str:
 
 def worker_id_list(value: Any) -> tuple[str, ...]:
     """The ``worker_ids`` column as a tuple of ids; a corrupt value reads as none."""
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) <= _CACHED_TEXT_LIMIT:
         return _worker_ids_from_text(value)
     return _worker_ids(value)
+
+
+# Longer texts (many attempts, or a hostile row) are decoded each time, not kept.
+_CACHED_TEXT_LIMIT = 1_000
 
 
 @lru_cache(maxsize=256)

@@ -519,6 +519,29 @@ def test_corrupt_worker_ids(run_worker):
     assert len(record.worker_ids) == 1
 
 
+def test_worker_ids_read_the_same_whether_their_text_is_cached_or_not():
+    """A claim decodes each distinct short ``worker_ids`` text once (a cache); the values
+    a corrupt or long text reads as are those of the uncached path."""
+    from django_tasks_plus.stored import _CACHED_TEXT_LIMIT, worker_id_list
+
+    many = json.dumps([f"worker-{n}" for n in range(200)])
+    assert len(many) > _CACHED_TEXT_LIMIT
+    cases = {
+        '["w-0"]': ("w-0",),
+        '["w-0", "w-1"]': ("w-0", "w-1"),
+        "[]": (),
+        "not json": (),
+        '{"a": 1}': (),
+        "[1, 2]": (),
+        many: tuple(f"worker-{n}" for n in range(200)),
+    }
+    for text, expected in cases.items():
+        assert worker_id_list(text) == expected
+        assert worker_id_list(text) == expected  # the second read: from the cache
+        assert worker_id_list(text.encode()) == expected  # bytes: never cached
+    assert worker_id_list(["w-0"]) == ("w-0",)  # a value the driver already decoded
+
+
 @row("Text that is not JSON written into a JSON column", "IntegrityError or DataError")
 def test_database_refuses_text_that_is_not_json():
     # Both databases guard the JSON columns themselves (a CHECK (JSON_VALID(...)) on
