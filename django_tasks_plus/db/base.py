@@ -274,7 +274,7 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         queue_name=queue_name,
         priority=int(priority),
         args=parse_column(args),
-        kwargs=parse_column(kwargs),
+        kwargs={} if kwargs == "{}" else parse_column(kwargs),  # most calls: no decoding
         attempt=int(attempt),
         worker_ids=worker_id_list(worker_ids),
         errors=error_list(errors),
