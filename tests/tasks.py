@@ -814,3 +814,12 @@ def reports_occurrence(context) -> list[str]:  # type: ignore[no-untyped-def]
 
     found = occurrence_of(context)
     return [] if found is None else [found.schedule, found.at.isoformat()]
+
+
+GATE = __import__("threading").Event()  # tests in this process open it (test_claim_pacing)
+
+
+@task
+def wait_at_gate() -> bool:
+    """Block until a test in this process opens ``GATE`` (at most 30 s)."""
+    return GATE.wait(30)

@@ -47,9 +47,18 @@ def _run(**flags: Any) -> Worker:
 
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
+    """No service recorded, and the services task definitions asked for put back as they
+    were: a definition made here would otherwise add its service to every later
+    worker of the test session (``test_services`` lists a worker's services)."""
+    from django_tasks_plus.compat import task_backends
+
+    backend = task_backends["default"]
+    saved = dict(backend.task_services)
     STARTED.clear()
     yield
     STARTED.clear()
+    backend.task_services.clear()
+    backend.task_services.update(saved)
 
 
 @pytest.fixture

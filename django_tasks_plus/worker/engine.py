@@ -161,6 +161,9 @@ class Worker:
         self._claimed_total = 0
         self._group_cursor = 0
         self._claim_cursor = 0
+        # Whether the last claim took all it asked for from some queue group, so more
+        # may be due right now; a claim that took less found the due rows exhausted.
+        self._claim_was_full = False
         self.signals_received = 0
         self._pool = Slots(
             config.concurrency, name_prefix="tasks-slot", on_exit=connections.close_all
@@ -379,7 +382,10 @@ class Worker:
                 return
             if claimed:
                 backoff.reset()  # work is flowing: poll soon again
-                if self._free_slots(self._capacity()) > 0:
+                # Claim again at once only if more may be due: after a claim that took
+                # less than it asked for, a new task's NOTIFY (or the poll) wakes us, and
+                # the claim right away would find nothing (one empty claim per task).
+                if self._claim_was_full and self._free_slots(self._capacity()) > 0:
                     continue
             self.wakeup.wait(backoff.next())
 
@@ -414,6 +420,7 @@ class Worker:
             # rather than paying one claim round trip per finished task.
             return 0
         total = 0
+        self._claim_was_full = False
         # Every doer gets a fair share of the free slots, starting with a different doer
         # each round, so one busy queue group cannot starve the others.
         offset = self._claim_cursor % len(self.groups)
@@ -437,6 +444,8 @@ class Worker:
                 return total
             if not claimed:
                 continue
+            if len(claimed) >= wanted:
+                self._claim_was_full = True
             events.emit_claimed(
                 self.backend.alias,
                 self.config.worker_id,
