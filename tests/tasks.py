@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -816,7 +817,7 @@ def reports_occurrence(context) -> list[str]:  # type: ignore[no-untyped-def]
     return [] if found is None else [found.schedule, found.at.isoformat()]
 
 
-GATE = __import__("threading").Event()  # tests in this process open it (test_claim_pacing)
+GATE = threading.Event()  # tests in this process open it (test_claim_pacing)
 
 
 @task

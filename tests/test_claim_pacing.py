@@ -17,6 +17,7 @@ from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db import postgresql
 from django_tasks_plus.worker.config import WorkerConfig
 from django_tasks_plus.worker.engine import Worker
+from django_tasks_plus.worker.wakeup import NotifyListener
 from tests import tasks
 from tests.conftest import wait_for
 
@@ -62,7 +63,11 @@ def test_a_claim_that_took_less_than_it_asked_for_is_not_repeated_at_once(claims
     tasks.GATE.clear()
     worker, thread = _start(concurrency=2, prefetch=0)
     try:
-        wait_for(lambda: len(claims) >= 1, timeout=10)  # the first, empty claim
+        [listener] = [s for s in worker.services.services if isinstance(s, NotifyListener)]
+        assert listener.connected.wait(10)
+        # Once connected, the listener wakes the loop to look once (a NOTIFY may have been
+        # missed): let that claim, and the one at start, pass before the task arrives.
+        time.sleep(0.3)
         result = tasks.wait_at_gate.enqueue()  # its NOTIFY wakes the loop
         wait_for(lambda: 1 in claims, timeout=10)
         time.sleep(1.0)  # a repeated claim would come within microseconds
