@@ -276,7 +276,8 @@ def test_the_hygiene_passes_see_exactly_the_connections_the_thread_opened():
 
     from django.db import connections
 
-    from django_tasks_plus.worker.hygiene import any_pooled, thread_connections
+    from django_tasks_plus.db.unpooled import any_pooled
+    from django_tasks_plus.worker.hygiene import thread_connections
 
     seen: list[tuple[list[str], list[str]]] = []
 

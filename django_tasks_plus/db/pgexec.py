@@ -177,20 +177,21 @@ def stop_preparing(raw: Any, exc: Exception) -> None:
     session.unprepared = True
     session.planned_once = False
     raw.prepare_threshold = None
-    if getattr(exc, "sqlstate", None) == "0A000":  # see _prepared_statement_trouble
-        logger.warning(
-            "A prepared statement of the worker failed on its database session (%s): a "
-            "migration changed a column it returns. The worker stops preparing on that "
-            "session; restart workers after such migrations to prepare again.",
-            exc,
+    if getattr(exc, "sqlstate", None) == "0A000":  # a stale plan: _prepared_statement_trouble
+        cause = "a migration changed a column it returns."
+        remedy = "restart workers after such migrations to prepare again"
+    else:
+        cause = "is a pooler in transaction mode in between?"
+        remedy = (
+            'set DATABASES[...]["OPTIONS"]["prepare_threshold"] = None to never prepare, '
+            "or use PgBouncer 1.21+ with max_prepared_statements"
         )
-        return
     logger.warning(
-        "A prepared statement of the worker failed on its database session (%s): is a "
-        "pooler in transaction mode in between? The worker stops preparing on that "
-        'session. Set DATABASES[...]["OPTIONS"]["prepare_threshold"] = None to never '
-        "prepare, or use PgBouncer 1.21+ with max_prepared_statements.",
+        "A prepared statement of the worker failed on its database session (%s): %s The "
+        "worker stops preparing on that session; %s.",
         exc,
+        cause,
+        remedy,
     )
 
 

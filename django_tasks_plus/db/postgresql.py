@@ -328,20 +328,26 @@ class PostgreSQLDialect(Dialect):
 
     def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
         raw = connection.connection
-        if raw is None or worker_session(raw).bounded_seconds == seconds:
+        if raw is None:
+            return
+        session = worker_session(raw)
+        if session.bounded_seconds == seconds:
             return
         milliseconds = max(1, int(seconds * 1000))
         with connection.cursor() as cursor:
             cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
-        worker_session(raw).bounded_seconds = seconds
+        session.bounded_seconds = seconds
 
     def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
         raw = connection.connection
-        if raw is None or worker_session(raw).bounded_seconds is None:
+        if raw is None:
+            return
+        session = worker_session(raw)
+        if session.bounded_seconds is None:
             return
         with connection.cursor() as cursor:
             cursor.execute(RESET_WORKER_TIMEOUTS)
-        worker_session(raw).unbound()
+        session.unbound()
 
 
 @lru_cache(maxsize=64)

@@ -24,7 +24,7 @@ pool returns.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.db import connections
@@ -37,7 +37,17 @@ from ..exceptions import UnsupportedDatabase
 
 def is_pooled(connection: BaseDatabaseWrapper) -> bool:
     """Whether ``connection`` takes its sessions from Django's connection pool."""
-    return bool(connection.settings_dict.get("OPTIONS", {}).get("pool"))
+    return _pooled(connection.settings_dict)
+
+
+def any_pooled() -> bool:
+    """Whether any configured database takes its sessions from Django's pool (a read of
+    the settings: no thread-local, no wrapper)."""
+    return any(_pooled(settings) for settings in connections.settings.values())
+
+
+def _pooled(settings: Mapping[str, Any]) -> bool:
+    return bool((settings.get("OPTIONS") or {}).get("pool"))
 
 
 def unpooled_copy(connection: BaseDatabaseWrapper) -> BaseDatabaseWrapper:

@@ -161,9 +161,6 @@ class Worker:
         self._claimed_total = 0
         self._group_cursor = 0
         self._claim_cursor = 0
-        # Whether the last claim took all it asked for from some queue group, so more
-        # may be due right now; a claim that took less found the due rows exhausted.
-        self._claim_was_full = False
         self.signals_received = 0
         self._pool = Slots(
             config.concurrency, name_prefix="tasks-slot", on_exit=connections.close_all
@@ -372,7 +369,7 @@ class Worker:
             # again) before their lease leaves this set, so an empty set here means the
             # claim below saw every such task.
             idle_before_claim = not self._leased
-            claimed = self._claim()
+            claimed, full = self._claim()
             self._dispatch()
             if self._max_tasks_done():
                 logger.info("Reached --max-tasks=%s; stopping.", self.config.max_tasks)
@@ -385,7 +382,7 @@ class Worker:
                 # Claim again at once only if more may be due: after a claim that took
                 # less than it asked for, a new task's NOTIFY (or the poll) wakes us, and
                 # the claim right away would find nothing (one empty claim per task).
-                if self._claim_was_full and self._free_slots(self._capacity()) > 0:
+                if full and self._free_slots(self._capacity()) > 0:
                     continue
             self.wakeup.wait(backoff.next())
 
@@ -409,18 +406,21 @@ class Worker:
         max_tasks = self.config.max_tasks
         return max_tasks is not None and self._claimed_total >= max_tasks and not self._leased
 
-    def _claim(self) -> int:
+    def _claim(self) -> tuple[int, bool]:
+        """Claim for the free slots; return how many tasks were claimed, and whether some
+        queue group gave all that was asked of it (so more may be due right now; one that
+        gave less had no more due rows)."""
         capacity = self._capacity()
         free = self._free_slots(capacity)
         if free <= 0:
-            return 0
+            return 0, False
         waiting = sum(group.doer.waiting for group in self.groups)
         if waiting and free < max(1, capacity // 2):
             # Work is still queued in-process: wait until a worthwhile batch is free
             # rather than paying one claim round trip per finished task.
-            return 0
+            return 0, False
         total = 0
-        self._claim_was_full = False
+        full = False
         # Every doer gets a fair share of the free slots, starting with a different doer
         # each round, so one busy queue group cannot starve the others.
         offset = self._claim_cursor % len(self.groups)
@@ -436,16 +436,15 @@ class Worker:
                 claimed = self._claim_from(group, wanted)
             except (OperationalError, InterfaceError) as exc:
                 self._database_trouble(exc)
-                return total
+                return total, full
             except DatabaseError:
                 # Not a lost connection: log it loudly, back off, and keep the worker alive.
                 logger.exception("Claiming from queues %s failed; retrying shortly.", group.queues)
                 self.stopping.wait(1.0)
-                return total
+                return total, full
             if not claimed:
                 continue
-            if len(claimed) >= wanted:
-                self._claim_was_full = True
+            full = full or len(claimed) >= wanted
             events.emit_claimed(
                 self.backend.alias,
                 self.config.worker_id,
@@ -461,7 +460,7 @@ class Worker:
             self._claimed_total += len(claimed)
             free -= len(claimed)
             total += len(claimed)
-        return total
+        return total, full
 
     def _claim_from(self, group: QueueGroup, wanted: int) -> list[ClaimedTask]:
         """One claim statement, in one turn on the claim session."""

@@ -46,7 +46,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db import dialect_for
 from ..db.base import DriverState
-from ..db.unpooled import is_pooled
+from ..db.unpooled import any_pooled, is_pooled
 from ..exceptions import UnsupportedDatabase
 
 logger = logging.getLogger("django_tasks_plus.worker")
@@ -162,14 +162,6 @@ def return_pooled_sessions() -> None:
         if is_pooled(connection):
             with contextlib.suppress(Exception):  # a broken one is the pool's to drop
                 connection.close()
-
-
-def any_pooled() -> bool:
-    """Whether any configured database takes its sessions from Django's pool (a read of
-    the settings: no thread-local, no wrapper)."""
-    return any(
-        (settings.get("OPTIONS") or {}).get("pool") for settings in connections.settings.values()
-    )
 
 
 def replace_lost_connections() -> None:
