@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from . import compat, events
 from .codec import DecodeError
+from .collector import PAUSE_FROM, collector_paused
 from .conf import BackendSettings, parse_settings, queue_name_problem
 from .db import UnsupportedDatabase, dialect_for
 from .definition import Task, resolve_task, task_enqueue_middleware, validate_task_options
@@ -143,7 +144,21 @@ class DatabaseBackend(compat.BaseTaskBackend):
         schedule's occurrence); the enqueue middleware sees it and may add to it.
 
         The pipeline (``envelope.py``): validate → build → middleware → write → results.
+        A batch of 64 calls or more runs with Python's cyclic garbage collector paused
+        (``collector.py``).
         """
+        calls = calls if isinstance(calls, list | tuple) else list(calls)
+        if len(calls) < PAUSE_FROM:
+            return self._enqueue_many(task, calls, metadata)
+        with collector_paused():
+            return self._enqueue_many(task, calls, metadata)
+
+    def _enqueue_many(
+        self,
+        task: compat.Task,
+        calls: Sequence[Any],
+        metadata: Mapping[str, Any] | None,
+    ) -> list[compat.TaskResult]:
         self.validate_task(task)
         self._require_app()
         envelope = build(

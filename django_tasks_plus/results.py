@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
@@ -102,19 +102,40 @@ def clone_result(
     arguments is a no-op here (they are display-ready JSON already): for ``enqueue_many``
     of thousands of tasks, building results was the largest cost after encoding.
     """
-    cls = type(template)
-    names = _slot_names(cast(type, cls))  # django-stubs: a TaskResult class is not Hashable
-    if names is None:  # not a slots dataclass: take the documented road
+    cloner = _cloner(cast(type, type(template)))  # django-stubs: not Hashable
+    if cloner is None:  # not a slots dataclass: take the documented road
         return dataclasses.replace(template, id=id, args=args, kwargs=kwargs)
-    clone = object.__new__(cls)
+    return cloner(template, id, args, kwargs)
+
+
+# The fields a clone gets from its call, and the mutable lists it must not share.
+_PER_CALL = ("id", "args", "kwargs")
+_FRESH_LISTS = ("errors", "worker_ids")
+
+
+@lru_cache(maxsize=4)
+def _cloner(cls: type) -> Callable[[Any, str, list[Any], dict[str, Any]], Any] | None:
+    """A function that builds a ``cls`` from a template and one call, one assignment per
+    slot written out (as ``dataclasses`` writes its ``__init__``): half the time of a
+    loop over the slot names, which was 12 % of a bulk enqueue. None: ``cls`` has no
+    slots (a Django that changed its ``TaskResult``), so ``clone_result`` uses
+    ``dataclasses.replace``."""
+    names = _slot_names(cls)
+    if names is None or not all(name.isidentifier() for name in names):
+        return None
+    lines = ["def clone(template, id, args, kwargs):", "    clone = new(cls)"]
     for name in names:
-        object.__setattr__(clone, name, getattr(template, name))
-    object.__setattr__(clone, "id", id)
-    object.__setattr__(clone, "args", args)
-    object.__setattr__(clone, "kwargs", kwargs)
-    object.__setattr__(clone, "errors", [])  # never share the mutable lists
-    object.__setattr__(clone, "worker_ids", [])
-    return clone
+        if name in _PER_CALL:
+            value = name
+        elif name in _FRESH_LISTS:
+            value = "[]"
+        else:
+            value = f"template.{name}"
+        lines.append(f"    set(clone, {name!r}, {value})")
+    lines.append("    return clone")
+    namespace: dict[str, Any] = {"new": object.__new__, "cls": cls, "set": object.__setattr__}
+    exec("\n".join(lines), namespace)
+    return cast(Callable[[Any, str, list[Any], dict[str, Any]], Any], namespace["clone"])
 
 
 @lru_cache(maxsize=4)

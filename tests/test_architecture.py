@@ -65,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "liveness",
             "waiting",
             "extensions",
+            "collector",
             "schedules.timing",
             "schedules.errors",
             "schedules.words",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
+import time
 import uuid
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -177,17 +179,106 @@ def test_get_result_for_a_row_naming_a_removed_task():
         task_backends["default"].get_result(str(row.pk))
 
 
+def test_the_results_of_a_batch_are_clones_of_its_first_with_their_own_call():
+    """``clone_result`` (a written-out function per TaskResult class) sets every slot:
+    the call's id and arguments, fresh error and worker lists, the rest the template's."""
+    import dataclasses
+
+    from django_tasks_plus.results import _cloner, clone_result, make_result
+
+    template = make_result(
+        tasks.add,
+        id="first",
+        status="READY",
+        backend="default",
+        args=[1, 2],
+        kwargs={},
+        enqueued_at=timezone.now(),
+        started_at=None,
+        finished_at=timezone.now(),
+        last_attempted_at=None,
+        errors=[{"exception_class_path": "x.Y", "traceback": "t"}],
+        worker_ids=["w1"],
+        return_value={"kept": True},
+    )
+    clone = clone_result(template, id="second", args=[3], kwargs={"k": 4})
+    assert type(clone) is type(template) and _cloner(type(template)) is not None
+    assert (clone.id, clone.args, clone.kwargs) == ("second", [3], {"k": 4})
+    assert clone.errors == [] and clone.worker_ids == []
+    assert clone.errors is not template.errors and clone.worker_ids is not template.worker_ids
+    per_call = {"id", "args", "kwargs", "errors", "worker_ids"}
+    for field in dataclasses.fields(template):
+        if field.name not in per_call:
+            assert getattr(clone, field.name) is getattr(template, field.name), field.name
+    assert clone._return_value is template._return_value  # not a dataclass init field
+    assert template.id == "first" and len(template.errors) == 1  # the template untouched
+
+    @dataclasses.dataclass(frozen=True)
+    class WithoutSlots:
+        id: str
+
+    assert _cloner(WithoutSlots) is None  # clone_result falls back to dataclasses.replace
+
+
+def test_a_big_batch_is_built_with_the_cyclic_collector_paused_and_restored():
+    """``collector.py``: from 64 calls the collector is off while the batch is built and
+    written (seen here by task_enqueued receivers, which run at once in autocommit), and
+    on again afterwards, also when a call is refused; never turned on if it was off."""
+    import gc
+
+    from django_tasks_plus.exceptions import InvalidTaskArguments
+
+    seen: list[bool] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(gc.isenabled())
+
+    task_enqueued.connect(receiver, weak=False, dispatch_uid="test-collector-paused")
+    try:
+        assert gc.isenabled()
+        tasks.add.enqueue_many([((n, n), {}) for n in range(64)])
+        assert seen == [False] * 64 and gc.isenabled()
+        seen.clear()
+        tasks.add.enqueue_many(((n, n), {}) for n in range(63))  # a generator, below 64
+        assert seen == [True] * 63 and gc.isenabled()
+
+        calls: list[Any] = [((n, n), {}) for n in range(100)]
+        calls[70] = ((object(), 1), {})
+        with pytest.raises(InvalidTaskArguments):
+            tasks.add.enqueue_many(calls)
+        assert gc.isenabled() and TaskRecord.objects.count() == 127
+
+        gc.disable()
+        try:
+            seen.clear()
+            tasks.add.enqueue_many([((n, n), {}) for n in range(64)])
+            assert seen == [False] * 64 and not gc.isenabled()  # left as it was
+        finally:
+            gc.enable()
+    finally:
+        task_enqueued.disconnect(dispatch_uid="test-collector-paused")
+
+
 def test_result_ids_are_uuids():
     result = tasks.add.enqueue(1, 2)
     assert str(uuid.UUID(result.id)) == result.id
 
 
-def test_task_ids_are_random_version_4_uuids():
+def test_task_ids_are_time_ordered_version_7_uuids():
+    """RFC 9562 version 7: valid UUID text, unique, in the batch's order, stamped with
+    the current Unix time in milliseconds (a long batch may run a few ms ahead)."""
     from django_tasks_plus.envelope import new_task_ids
 
+    before = time.time_ns() // 1_000_000
     ids = new_task_ids(5000)
+    after = time.time_ns() // 1_000_000
     assert len(set(ids)) == 5000
+    assert ids == sorted(ids)
     for text in ids:
         parsed = uuid.UUID(text)
-        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, text)
+        assert before <= parsed.int >> 80 <= after + 5000 // 2048 + 1
+    # Singles made one after another still differ (random counter start and 62 random bits).
+    singles = [new_task_ids(1)[0] for _ in range(2000)]
+    assert len(set(singles)) == 2000
     assert new_task_ids(0) == []

@@ -29,6 +29,7 @@ from .base import (
     sort_claimed,
     table,
 )
+from .copytext import copy_text
 from .pgexec import bound_cursor, fetch_all, worker_session
 
 if TYPE_CHECKING:
@@ -243,17 +244,25 @@ class PostgreSQLDialect(Dialect):
                     cursor.execute(statement, [*params, NOTIFY_CHANNEL, queues])
 
     def _copy(self, connection: BaseDatabaseWrapper, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Stream the rows with COPY, in the caller's transaction.
+        """Stream the rows with COPY, in the caller's transaction: as text rendered by
+        ``copytext`` (the shared columns once), or row by row through psycopg when a
+        value is of a type ``copytext`` does not write.
 
         psycopg's own cursor bypasses Django's error translation, so it is wrapped here:
         a lost connection surfaces as ``django.db.OperationalError``, as on every other
         path, never as a raw ``psycopg`` error.
         """
         quote = connection.ops.quote_name
-        columns = ", ".join(quote(column(name)) for name in rows[0])
+        rendered = copy_text(rows)
+        names = rendered[0] if rendered is not None else list(rows[0])
+        columns = ", ".join(quote(column(name)) for name in names)
         with connection.cursor() as cursor, connection.wrap_database_errors:
             raw = cursor.cursor  # psycopg's own cursor: COPY is not part of the DB-API
             with raw.copy(f"COPY {quote(table())} ({columns}) FROM STDIN") as copy:
+                if rendered is not None:
+                    for chunk in rendered[1]:
+                        copy.write(chunk)
+                    return
                 for row in rows:
                     # Envelope values are already driver-ready (UUID, aware datetimes, str,
                     # int, bool, None; JSON as text), so Django's per-field prep is skipped.
