@@ -105,10 +105,12 @@ def claim_tasks(
     queues: Sequence[str] = ("default",),
     worker_id: str = "in-process",
     visibility_timeout: float = 300,
+    synchronous: bool = True,
 ) -> list[Any]:
     """Claim up to ``limit`` due tasks of ``queues`` as ``worker_id``, as a worker would,
     on this test's connection (a negative ``visibility_timeout`` hands out leases that
-    have already expired)."""
+    have already expired; ``synchronous=False``: as a worker with the default
+    ``SYNCHRONOUS_CLAIMS``)."""
     import uuid
 
     from django_tasks_plus.db import dialect_for
@@ -121,6 +123,7 @@ def claim_tasks(
         worker_id=worker_id,
         lease_token=uuid.uuid4().hex,
         visibility_timeout=visibility_timeout,
+        synchronous=synchronous,
     )
 
 

@@ -453,10 +453,13 @@ class Dialect(ABC):
         worker_id: str,
         lease_token: str,
         visibility_timeout: float,
+        synchronous: bool = True,
     ) -> list[ClaimedTask]:
         """Atomically move up to ``limit`` READY, due tasks to RUNNING under a lease of
         ``visibility_timeout`` seconds; due and expiry by the database's clock. The claim's
-        WHERE and ORDER BY are ``sql.claim_candidates`` with the dialect's fragments."""
+        WHERE and ORDER BY are ``sql.claim_candidates`` with the dialect's fragments.
+        ``synchronous=False`` lets a dialect commit the claim without waiting for it to be
+        durable (``OPTIONS["SYNCHRONOUS_CLAIMS"]``); one that cannot ignores it."""
 
     def write_outcomes(
         self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]

@@ -79,14 +79,25 @@ CLAIM_TEMPLATE = """
         ) || jsonb_build_array(%s::text),
         started_at = COALESCE(task.started_at, {now}),
         last_attempted_at = {now}
-    WHERE task.id = ANY (ARRAY(SELECT picked.id FROM picked))
+    WHERE task.id = ANY (ARRAY(SELECT picked.id FROM picked)){commit}
     RETURNING {returning}, task.last_attempted_at
 """
 
 
+# The claim's transaction commits without waiting for its WAL to reach the disk (a
+# transaction-local setting: the session's own value is untouched). Saves the flush, about
+# 0.4 ms of each claim on an idle server. What it risks: a PostgreSQL crash (or a failover)
+# in the moment after a claim can undo it, and the task, READY again, runs a second time;
+# the first run's outcome then finds no lease and does not land. Any later synchronous
+# commit (every outcome write is one) makes the claims before it durable too.
+# OPTIONS["SYNCHRONOUS_CLAIMS"] = True leaves it out.
+ASYNC_COMMIT = "\n      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
+
+
 @lru_cache(maxsize=16)
-def claim_statement(conditions: str = "") -> str:
-    """The claim with the registered claim filters' ``conditions`` (built once per set)."""
+def claim_statement(conditions: str = "", synchronous: bool = True) -> str:
+    """The claim with the registered claim filters' ``conditions`` (built once per set);
+    ``synchronous=False``: committed without waiting for the WAL flush (``ASYNC_COMMIT``)."""
     return CLAIM_TEMPLATE.format(
         candidates=sql.claim_candidates(
             sql.CLAIM_CANDIDATES_LATERAL,
@@ -97,6 +108,7 @@ def claim_statement(conditions: str = "") -> str:
         ),
         lease_expiry=LEASE_EXPIRY,
         now=NOW,
+        commit="" if synchronous else ASYNC_COMMIT,
         returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
     )
 
@@ -278,6 +290,7 @@ class PostgreSQLDialect(Dialect):
         worker_id: str,
         lease_token: str,
         visibility_timeout: float,
+        synchronous: bool = True,
     ) -> list[ClaimedTask]:
         conditions, filter_params = claim_conditions(self.vendor, fenced=True)
         params = claim_parameters(
@@ -289,7 +302,7 @@ class PostgreSQLDialect(Dialect):
             visibility_timeout=visibility_timeout,
             worker_id=worker_id,
         )
-        rows = fetch_all(connection, claim_statement(conditions), params)
+        rows = fetch_all(connection, claim_statement(conditions, synchronous), params)
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
 

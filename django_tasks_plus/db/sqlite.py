@@ -163,6 +163,7 @@ class SQLiteDialect(Dialect):
         worker_id: str,
         lease_token: str,
         visibility_timeout: float,
+        synchronous: bool = True,  # SQLite commits as its own PRAGMA synchronous says
     ) -> list[ClaimedTask]:
         conditions, filter_params = claim_conditions(self.vendor)
         params: list[Any] = [

@@ -474,6 +474,7 @@ class Worker:
                 worker_id=self.config.worker_id,
                 lease_token=uuid.uuid4().hex,
                 visibility_timeout=self.config.visibility_timeout,
+                synchronous=self.backend.settings.synchronous_claims,
             )
 
     def _database_trouble(self, exc: Exception) -> None:
