@@ -44,7 +44,7 @@ from .extensions import load_service_factories
 from .finished import send_task_finished
 from .lifecycle import error_record
 from .metadata import decode_metadata, run_keys
-from .results import clone_result, make_result, result_from_record, unreadable_record
+from .results import clone_results, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
 
 
@@ -303,10 +303,10 @@ class DatabaseBackend(compat.BaseTaskBackend):
             finished_at=None,
             last_attempted_at=None,
         )
-        return [first] + [
-            clone_result(first, id=call.id, args=call.shown_args, kwargs=call.shown_kwargs)
-            for call in calls[1:]
-        ]
+        rest = clone_results(
+            first, [(call.id, call.shown_args, call.shown_kwargs) for call in calls[1:]]
+        )
+        return [first, *rest]
 
     # -- results ------------------------------------------------------------------------
 

@@ -93,19 +93,40 @@ def make_result(
     return result
 
 
-def clone_result(
-    template: compat.TaskResult, *, id: str, args: list[Any], kwargs: dict[str, Any]
-) -> compat.TaskResult:
-    """A result like ``template`` (same task, status and times) with another id and call.
+def clone_results(
+    template: compat.TaskResult, calls: Iterable[tuple[str, list[Any], dict[str, Any]]]
+) -> list[compat.TaskResult]:
+    """Results like ``template`` (same task, status and times), one per ``(id, args,
+    kwargs)`` call.
 
     Skips the dataclass ``__init__``/``__post_init__``, whose JSON normalisation of the
     arguments is a no-op here (they are display-ready JSON already): for ``enqueue_many``
-    of thousands of tasks, building results was the largest cost after encoding.
+    of thousands of tasks, building results was the largest cost after encoding. Each
+    slot is set through its descriptor, the template's values read once per batch.
     """
-    cloner = _cloner(cast(type, type(template)))  # django-stubs: not Hashable
-    if cloner is None:  # not a slots dataclass: take the documented road
-        return dataclasses.replace(template, id=id, args=args, kwargs=kwargs)
-    return cloner(template, id, args, kwargs)
+    setters = _slot_setters(cast(type, type(template)))  # django-stubs: not Hashable
+    if setters is None:  # not a slots dataclass: take the documented road
+        return [dataclasses.replace(template, id=i, args=a, kwargs=k) for i, a, k in calls]
+    shared = [
+        (setter, getattr(template, name))
+        for name, setter in setters.items()
+        if name not in _PER_CALL and name not in _FRESH_LISTS
+    ]
+    set_id, set_args, set_kwargs = (setters[name] for name in _PER_CALL)
+    set_errors, set_worker_ids = (setters[name] for name in _FRESH_LISTS)
+    cls, new = type(template), object.__new__
+    results = []
+    for task_id, args, kwargs in calls:
+        clone = new(cls)
+        for setter, value in shared:
+            setter(clone, value)
+        set_id(clone, task_id)
+        set_args(clone, args)
+        set_kwargs(clone, kwargs)
+        set_errors(clone, [])  # never share the mutable lists
+        set_worker_ids(clone, [])
+        results.append(clone)
+    return results
 
 
 # The fields a clone gets from its call, and the mutable lists it must not share.
@@ -114,28 +135,20 @@ _FRESH_LISTS = ("errors", "worker_ids")
 
 
 @lru_cache(maxsize=4)
-def _cloner(cls: type) -> Callable[[Any, str, list[Any], dict[str, Any]], Any] | None:
-    """A function that builds a ``cls`` from a template and one call, one assignment per
-    slot written out (as ``dataclasses`` writes its ``__init__``): half the time of a
-    loop over the slot names, which was 12 % of a bulk enqueue. None: ``cls`` has no
-    slots (a Django that changed its ``TaskResult``), so ``clone_result`` uses
-    ``dataclasses.replace``."""
+def _slot_setters(cls: type) -> dict[str, Callable[[Any, Any], None]] | None:
+    """Each slot's descriptor ``__set__`` (which a frozen dataclass's ``__setattr__``
+    does not guard), by name; None if ``cls`` has no slots or lacks one a clone sets
+    (a Django that changed its ``TaskResult``)."""
     names = _slot_names(cls)
-    if names is None or not all(name.isidentifier() for name in names):
+    if names is None:
         return None
-    lines = ["def clone(template, id, args, kwargs):", "    clone = new(cls)"]
+    setters: dict[str, Callable[[Any, Any], None]] = {}
     for name in names:
-        if name in _PER_CALL:
-            value = name
-        elif name in _FRESH_LISTS:
-            value = "[]"
-        else:
-            value = f"template.{name}"
-        lines.append(f"    set(clone, {name!r}, {value})")
-    lines.append("    return clone")
-    namespace: dict[str, Any] = {"new": object.__new__, "cls": cls, "set": object.__setattr__}
-    exec("\n".join(lines), namespace)
-    return cast(Callable[[Any, str, list[Any], dict[str, Any]], Any], namespace["clone"])
+        owner = next(klass for klass in cls.__mro__ if name in vars(klass))
+        setters[name] = vars(owner)[name].__set__
+    if any(name not in setters for name in _PER_CALL + _FRESH_LISTS):
+        return None
+    return setters
 
 
 @lru_cache(maxsize=4)

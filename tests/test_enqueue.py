@@ -179,11 +179,11 @@ def test_get_result_for_a_row_naming_a_removed_task():
 
 
 def test_the_results_of_a_batch_are_clones_of_its_first_with_their_own_call():
-    """``clone_result`` (a written-out function per TaskResult class) sets every slot:
-    the call's id and arguments, fresh error and worker lists, the rest the template's."""
+    """``clone_results`` (each slot set through its descriptor) sets every slot: the
+    call's id and arguments, fresh error and worker lists, the rest the template's."""
     import dataclasses
 
-    from django_tasks_plus.results import _cloner, clone_result, make_result
+    from django_tasks_plus.results import _slot_setters, clone_results, make_result
 
     template = make_result(
         tasks.add,
@@ -200,8 +200,10 @@ def test_the_results_of_a_batch_are_clones_of_its_first_with_their_own_call():
         worker_ids=["w1"],
         return_value={"kept": True},
     )
-    clone = clone_result(template, id="second", args=[3], kwargs={"k": 4})
-    assert type(clone) is type(template) and _cloner(type(template)) is not None
+    clone, other = clone_results(template, [("second", [3], {"k": 4}), ("third", [], {})])
+    assert type(clone) is type(template) and _slot_setters(type(template)) is not None
+    assert (other.id, other.args, other.errors) == ("third", [], [])
+    assert other.errors is not clone.errors and other.worker_ids is not clone.worker_ids
     assert (clone.id, clone.args, clone.kwargs) == ("second", [3], {"k": 4})
     assert clone.errors == [] and clone.worker_ids == []
     assert clone.errors is not template.errors and clone.worker_ids is not template.worker_ids
@@ -216,7 +218,7 @@ def test_the_results_of_a_batch_are_clones_of_its_first_with_their_own_call():
     class WithoutSlots:
         id: str
 
-    assert _cloner(WithoutSlots) is None  # clone_result falls back to dataclasses.replace
+    assert _slot_setters(WithoutSlots) is None  # clone_results uses dataclasses.replace
 
 
 def test_a_big_batch_is_built_with_the_cyclic_collector_paused_and_restored():
