@@ -38,7 +38,7 @@ _DEFAULTS: dict[str, Any] = {
     "QUEUES_CONFIG": {},
     "NOTIFY": True,
     # PostgreSQL: a claim's commit waits for the WAL flush only if True; False saves the
-    # flush (~0.4 ms of every claim) and a server crash may undo a claim of its last
+    # flush (0.3-0.4 ms of a claim) and a server crash may undo a claim of its last
     # moments, so that task runs again (docs/settings.md#synchronous_claims).
     "SYNCHRONOUS_CLAIMS": False,
     "DEDUP_TTL": timedelta(hours=1),

@@ -85,9 +85,9 @@ CLAIM_TEMPLATE = """
 
 
 # The claim's transaction commits without waiting for its WAL to reach the disk (a
-# transaction-local setting: the session's own value is untouched). Saves the flush, about
-# 0.4 ms of each claim on an idle server. What it risks: a PostgreSQL crash (or a failover)
-# in the moment after a claim can undo it, and the task, READY again, runs a second time;
+# transaction-local setting: the session's own value is untouched). Saves the flush,
+# 0.3-0.4 ms of each claim on an idle server. What it risks: a PostgreSQL crash (or a
+# failover) in the moment after a claim can undo it, and the task, READY again, runs again;
 # the first run's outcome then finds no lease and does not land. Any later synchronous
 # commit (every outcome write is one) makes the claims before it durable too.
 # OPTIONS["SYNCHRONOUS_CLAIMS"] = True leaves it out.
