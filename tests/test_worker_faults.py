@@ -322,16 +322,26 @@ def test_an_in_process_burst_run_leaves_no_session_open(transactional_db):
         tasks.add.enqueue(n, n)
     call_command("runtasks", burst=True, concurrency=2, verbosity=0)
     assert TaskRecord.objects.filter(status=TaskResultStatus.SUCCESSFUL).count() == 5
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        (others,) = cursor.fetchone()
+
+    def others() -> list[tuple[object, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, application_name, state, backend_start, left(query, 60) "
+                "FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return list(cursor.fetchall())
+
     # Behind Django's connection pool the task threads' sessions went back to the pool,
     # which keeps them open: those, and only those, remain (all but this test's own).
     pool = connection.pool if connection.settings_dict["OPTIONS"].get("pool") else None
-    assert others == (pool.get_stats()["pool_size"] - 1 if pool else 0)
+    expected = pool.get_stats()["pool_size"] - 1 if pool else 0
+    # A session the worker closed leaves pg_stat_activity when its server process exits,
+    # a moment after the client hung up (seen once on a loaded CI machine): allow 5 s.
+    deadline = time.monotonic() + 5
+    while len(left := others()) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(left) == expected, left
 
 
 # -- one rule for ordering_failure="block" --------------------------------------------------
