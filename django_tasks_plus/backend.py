@@ -148,9 +148,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
         (``collector.py``).
         """
         calls = calls if isinstance(calls, list | tuple) else list(calls)
-        if len(calls) < PAUSE_FROM:
-            return self._enqueue_many(task, calls, metadata)
-        with collector_paused():
+        with collector_paused() if len(calls) >= PAUSE_FROM else nullcontext():
             return self._enqueue_many(task, calls, metadata)
 
     def _enqueue_many(
@@ -304,7 +302,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
             last_attempted_at=None,
         )
         rest = clone_results(
-            first, [(call.id, call.shown_args, call.shown_kwargs) for call in calls[1:]]
+            first, ((call.id, call.shown_args, call.shown_kwargs) for call in calls[1:])
         )
         return [first, *rest]
 

@@ -137,29 +137,19 @@ _FRESH_LISTS = ("errors", "worker_ids")
 @lru_cache(maxsize=4)
 def _slot_setters(cls: type) -> dict[str, Callable[[Any, Any], None]] | None:
     """Each slot's descriptor ``__set__`` (which a frozen dataclass's ``__setattr__``
-    does not guard), by name; None if ``cls`` has no slots or lacks one a clone sets
-    (a Django that changed its ``TaskResult``)."""
-    names = _slot_names(cls)
-    if names is None:
+    does not guard), by name, the most derived class's first; None if ``cls`` has no
+    slots or lacks one a clone sets (a Django that changed its ``TaskResult``)."""
+    if "__dict__" in dir(cls) or not hasattr(cls, "__slots__"):
         return None
     setters: dict[str, Callable[[Any, Any], None]] = {}
-    for name in names:
-        owner = next(klass for klass in cls.__mro__ if name in vars(klass))
-        setters[name] = vars(owner)[name].__set__
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if not name.startswith("__"):
+                setters.setdefault(name, vars(klass)[name].__set__)
     if any(name not in setters for name in _PER_CALL + _FRESH_LISTS):
         return None
     return setters
-
-
-@lru_cache(maxsize=4)
-def _slot_names(cls: type) -> tuple[str, ...] | None:
-    if "__dict__" in dir(cls) or not hasattr(cls, "__slots__"):
-        return None
-    names: list[str] = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        names.extend([slots] if isinstance(slots, str) else slots)
-    return tuple(name for name in names if not name.startswith("__"))
 
 
 def _shown(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:

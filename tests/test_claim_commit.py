@@ -15,7 +15,7 @@ from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.db.postgresql import PostgreSQLDialect
 from django_tasks_plus.exceptions import InvalidBackendOptions
 from tests import tasks
-from tests.conftest import claim_tasks
+from tests.conftest import claim_tasks, postgres_only
 
 BACKEND = "django_tasks_plus.backend.DatabaseBackend"
 
@@ -38,7 +38,7 @@ def test_claims_skip_the_flush_unless_the_option_says_otherwise():
 @pytest.mark.parametrize(("synchronous", "inside"), [(False, "off"), (True, "on")])
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="synchronous_commit")
+@postgres_only
 def test_the_claim_sets_its_own_transaction_s_commit_and_nothing_else(
     synchronous: bool, inside: str
 ):
@@ -63,7 +63,7 @@ def test_the_claim_sets_its_own_transaction_s_commit_and_nothing_else(
 @pytest.mark.parametrize("option", [None, True])
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgres
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="synchronous_commit")
+@postgres_only
 def test_a_worker_claims_as_its_backend_s_option_says(option: bool | None, settings, monkeypatch):
     """A burst worker in this process: its claims ask for the commit the backend's
     option gives (the dialect's own claim runs; the wrapper only notes the argument)."""
