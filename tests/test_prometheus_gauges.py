@@ -123,6 +123,10 @@ def test_named_circuits_are_capped_the_open_first_and_the_counts_cover_every_one
         force_close(key, name="hosts")
     for key in ("o1", "o2", "o3"):
         force_open(key, name="hosts", create=True)
+    # Opened a minute apart: SQLite's clock reads milliseconds, and two opens within one
+    # tie on opened_at (the order then falls to the key), which is not what this reads.
+    for minutes, key in enumerate(("o3", "o2", "o1")):
+        BreakerRecord.objects.filter(key=key).update(opened_at=now - timedelta(minutes=minutes))
     for n in range(7):  # seven tasks held by o3 (the held count reads at most cap + 1 rows)
         result = tasks.add.enqueue(n, n)
         TaskRecord.objects.filter(pk=result.id).update(
