@@ -95,8 +95,11 @@ Raw = tuple[int, Any, float, Any, Any, Any, Any]
 COUNT, STARTED, OUTCOME, FEATURE = range(4)
 # An entry's last slot: the feature counters' {stored name: count}, or None.
 _FEATURES = _WIDTH
-# Fold the raw observations in once this many are waiting (about 100 bytes each).
-FOLD_AT = 50_000
+# Fold the raw observations in once this many are waiting (about 150 bytes each with
+# their floats). A fold costs the same per observation whenever it runs; a long buffer
+# only raised a busy worker's memory for good: with 50,000 waiting, Python's allocator
+# kept about 8 MB per worker process after they were folded (docs/performance.md).
+FOLD_AT = 2_000
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ on the other (the NOTIFY listener keeps a third, and task threads their own).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import logging
 import os
@@ -73,13 +75,34 @@ RUN_TIME_SMOOTHING = 0.1
 DUPLICATE_SIGNAL_WINDOW = 0.5
 
 
+@functools.cache
 def installed_version() -> str:
     """The installed django-tasks-plus distribution's version, for the worker's row; empty
-    when the package runs from a source tree that was never installed."""
+    when the package runs from a source tree that was never installed. Read once: the
+    code running is the one imported at start, whatever is installed later."""
     try:
         return importlib.metadata.version("django-tasks-plus")
     except importlib.metadata.PackageNotFoundError:
         return ""
+
+
+def prepare_to_fork(config: WorkerConfig) -> None:
+    """Do once, in the supervisor, the start-up work every forked worker would repeat:
+    import the task modules, read the installed version, open a first database session
+    (the driver's and Django's per-process state). Memory written before the fork is
+    shared by all children; the same work in each child costs each its own copy (about
+    4 MB a worker, docs/performance.md). A database that is down is left to the workers,
+    which report and retry it as they do today."""
+    backend = cast("DatabaseBackend", task_backends[config.backend_alias])
+    discover_task_modules(backend.settings)
+    installed_version()
+    database = backend.settings.database
+    with outside_the_pool(database), contextlib.suppress(DatabaseError):
+        connection = connections[database]
+        try:
+            connection.ensure_connection()
+        finally:
+            connection.close()
 
 
 def adaptive_prefetch(concurrency: int, floor: int, run_seconds: float | None) -> int:

@@ -23,7 +23,7 @@ from ...worker.config import (
     worker_backend,
     worker_id_problem,
 )
-from ...worker.engine import MAX_ADAPTIVE_PREFETCH, Worker
+from ...worker.engine import MAX_ADAPTIVE_PREFETCH, Worker, prepare_to_fork
 from ...worker.reload import Reloader, is_reloaded_child, require_watchfiles
 from ...worker.services import ServiceStartError
 from ...worker.supervisor import supervise
@@ -203,6 +203,7 @@ class Command(BackendCommand):
                 child = WorkerConfig(**{**config.__dict__, "worker_id": f"{worker_id}-{index}"})
                 return Worker(child).run()
 
+            prepare_to_fork(config)
             code = supervise(processes, run_child, restart=not config.burst)
         sys.stdout.flush()
         sys.stderr.flush()
