@@ -8,7 +8,8 @@
 Each round measures, for A (this checkout) then B (``--base``): single ``enqueue()``/s,
 ``enqueue_many``/s and a ``runtasks --burst`` drain, each right after its bare-psycopg
 baseline (``baseline.py``), so every figure also comes as a ratio to the bare loop of the
-same moment; and an idle burst worker (start-up and shutdown alone). The drain is split
+same moment; the peak memory of a second drain (``memory``: summed PSS, the supervisor's
+and the workers'); and an idle burst worker (start-up and shutdown alone). The drain is split
 into start-up (CPU and wall from process start to the first claim, per process) and
 steady state (worker CPU per task between the 10th and 90th percentile of finish times),
 see ``ab_driver.py``. Medians over rounds, spread as half the min-max range.
@@ -36,7 +37,7 @@ import psycopg
 from benchenv import BENCH, PG_SERVER, REPO, RESULTS, precompile, run_for_json
 
 DRIVER = BENCH / "ab_driver.py"
-WORKLOADS = ("single", "bulk", "drain", "idle")
+WORKLOADS = ("single", "bulk", "drain", "memory", "idle")
 
 
 def side_env(checkout: Path, database: str) -> dict[str, str]:
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             for side, checkout in sides.items():
                 progress(f"round {round_}: {workload} {side}")
-                reference = None if workload == "idle" else bare(workload, bare_dsn, args)
+                unpaired = workload in ("idle", "memory")  # no bare loop to divide by
+                reference = None if unpaired else bare(workload, bare_dsn, args)
                 size = args.single if workload == "single" else args.tasks
                 run = measure_twice(
                     checkout, databases[side], workload, tasks=size, processes=args.processes

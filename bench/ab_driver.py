@@ -5,13 +5,14 @@ package and its ``testproject``), so the same measuring code drives today's pack
 an older commit alike. It touches only what both sides have: ``add.enqueue``,
 ``enqueue_many``, the task and worker models and ``manage.py runtasks``.
 
-    python bench/ab_driver.py {setup,single,bulk,drain,idle} --manage PATH [options]
+    python bench/ab_driver.py {setup,single,bulk,drain,memory,idle} --manage PATH [options]
 
 ``drain`` samples every process of the worker tree (the supervisor and its forked
 children) with ``psutil`` every few milliseconds, then reads the tasks' own timestamps,
 so it can split a run in two: start-up (process start to the first claim, per process)
 and steady state (worker CPU between the 10th and the 90th percentile of finish times,
-divided by the tasks finished in between).
+divided by the tasks finished in between). ``memory`` drains again, reading each
+process's PSS and USS instead (``TreeMemorySampler``).
 """
 
 from __future__ import annotations
@@ -252,7 +253,66 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-WORKLOADS = {"setup": setup, "single": single, "bulk": bulk, "drain": drain, "idle": idle}
+class TreeMemorySampler(BackgroundSampler):
+    """Each process's PSS and USS in a worker tree (the supervisor and its forked workers),
+    kept for the moment their summed PSS peaked with every process up. PSS splits the
+    pages the workers share with the supervisor; USS is what a process holds alone."""
+
+    def __init__(self, root: int, processes: int, interval: float = 0.2) -> None:
+        self.root = psutil.Process(root)
+        self.processes = processes
+        self.interval = interval
+        self.peak: list[tuple[int, int]] = []  # (pss, uss) per process, supervisor first
+        super().__init__()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            readings = []
+            with contextlib.suppress(psutil.Error):
+                for process in [self.root, *self.root.children()]:
+                    memory = process.memory_full_info()
+                    readings.append((memory.pss, memory.uss))
+            full = len(readings) == self.processes + 1
+            if full and sum(r[0] for r in readings) > sum(r[0] for r in self.peak):
+                self.peak = readings
+            self._stop.wait(self.interval)
+
+
+def memory(args: argparse.Namespace) -> dict[str, Any]:
+    """A drain's memory at its peak: summed PSS, the supervisor's, the workers' average.
+    Apart from ``drain``: walking page tables every 0.2 s would disturb its timings."""
+    empty_tables()
+    enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
+    connection.close()
+    command = [sys.executable, args.manage, "runtasks", "-v", "0", "--burst"]
+    process = subprocess.Popen(
+        [*command, "--processes", str(args.processes)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    with TreeMemorySampler(process.pid, args.processes) as sampler:
+        _, stderr = process.communicate()
+    if process.returncode or not sampler.peak:
+        raise RuntimeError(f"worker exited {process.returncode}: {stderr.decode()[-2000:]}")
+    mib = 1024 * 1024
+    (supervisor_pss, supervisor_uss), *workers = sampler.peak
+    return {
+        "sum_pss_mb": sum(r[0] for r in sampler.peak) / mib,
+        "supervisor_pss_mb": supervisor_pss / mib,
+        "supervisor_uss_mb": supervisor_uss / mib,
+        "worker_pss_mb": sum(r[0] for r in workers) / len(workers) / mib,
+        "worker_uss_mb": sum(r[1] for r in workers) / len(workers) / mib,
+    }
+
+
+WORKLOADS = {
+    "setup": setup,
+    "single": single,
+    "bulk": bulk,
+    "drain": drain,
+    "memory": memory,
+    "idle": idle,
+}
 
 
 def main() -> None:
