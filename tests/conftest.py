@@ -57,12 +57,15 @@ def markers(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def run_worker(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``runtasks ARGS`` to completion (normally with --burst) and return its output."""
+    """Run ``runtasks ARGS`` to completion (normally with --burst) and return its output;
+    ``env`` adds to (or overrides) the worker's environment."""
 
-    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             runtasks_command(*args),
-            env=worker_env(tmp_path),
+            env={**worker_env(tmp_path), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -5,8 +5,6 @@ that is down must still reach the workers, which report it as before."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from django.db import connection
 
@@ -15,7 +13,7 @@ from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.config import WorkerConfig
 from django_tasks_plus.worker.engine import installed_version, prepare_to_fork
 from tests import tasks
-from tests.conftest import postgres_only, runtasks_command, worker_env
+from tests.conftest import postgres_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,16 +37,9 @@ def test_forked_workers_run_every_task_after_the_preparation(run_worker):
 
 
 @postgres_only
-def test_a_database_down_at_start_is_left_to_the_workers_to_report(tmp_path):
-    env = {**worker_env(tmp_path), "DATABASE_URL": "postgres://root@127.0.0.1:1/nowhere"}
-    proc = subprocess.run(
-        runtasks_command("--burst", "--processes", "2", "-v", "1"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def test_a_database_down_at_start_is_left_to_the_workers_to_report(run_worker):
+    down = {"DATABASE_URL": "postgres://root@127.0.0.1:1/nowhere"}
+    proc = run_worker("--burst", "--processes", "2", "-v", "1", timeout=60, env=down)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     # Both children started and met the refused connection themselves: the supervisor's
