@@ -1,7 +1,8 @@
 """``runtasks --processes N`` does once, in the supervisor, the start-up work every forked
-worker would repeat (docs/performance.md, "The workers' memory"): the children then share those pages
-instead of each writing its own copy. It must hand them no open session, and a database
-that is down must still reach the workers, which report it as before."""
+worker would repeat (docs/performance.md, "The workers' memory"): the children then
+share those pages instead of each writing its own copy. It must hand them no open
+session, and a database that is down must still reach the workers, which report it as
+before."""
 
 from __future__ import annotations
 
