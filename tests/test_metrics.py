@@ -168,7 +168,7 @@ def test_the_raw_observations_waiting_for_a_fold_stay_few():
         aggregator().on_started(_event(events.TASK_STARTED, {"attempt": 1, "queue_time": 0.2}))
         aggregator().on_outcome(_event(events.TASK_SUCCEEDED, {"attempt": 1, "run_time": 0.003}))
         assert len(aggregator().raw) < FOLD_AT
-    assert FOLD_AT <= 5_000
+    assert FOLD_AT <= 5_000  # the bound above says little if the threshold grew back
     pending = aggregator().take()
     entry = rows_for("default", {k: v for k, v in pending.items() if k[3] == ADD})
     counts = {row[4]: row[5] for row in entry if row[1] == ALL_TIME}
