@@ -164,15 +164,17 @@ def test_the_raw_observations_waiting_for_a_fold_stay_few():
     folded into the per-minute counts as they come, never held by the ten thousand (a
     drain's worker held 50,000 of them, 8 MB that its allocator kept for good)."""
     calls = 3 * FOLD_AT + 7
+    assert not aggregator().claimed_by  # as in a web process: enqueues flush when due
     for _ in range(calls):
         aggregator().on_started(_event(events.TASK_STARTED, {"attempt": 1, "queue_time": 0.2}))
         aggregator().on_outcome(_event(events.TASK_SUCCEEDED, {"attempt": 1, "run_time": 0.003}))
+        aggregator().on_count(_event(events.TASK_ENQUEUED, {"count": 1}))  # no flush due
         assert len(aggregator().raw) < FOLD_AT
     assert FOLD_AT <= 5_000  # the bound above says little if the threshold grew back
     pending = aggregator().take()
     entry = rows_for("default", {k: v for k, v in pending.items() if k[3] == ADD})
     counts = {row[4]: row[5] for row in entry if row[1] == ALL_TIME}
-    assert (counts["started"], counts["succeeded"]) == (calls, calls)
+    assert (counts["started"], counts["succeeded"], counts["enqueued"]) == (calls,) * 3
 
 
 def test_quantiles_interpolate_within_the_bucket():

@@ -154,7 +154,7 @@ class Aggregator:
         )
         if event.name in ENQUEUE_SIDE and not self.claimed_by:
             self.flush_if_due()
-        elif len(self.raw) >= FOLD_AT:
+        if len(self.raw) >= FOLD_AT:  # also between a web process's flushes
             self.fold()
 
     def on_started(self, event: events.Event) -> None:
