@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -94,18 +94,22 @@ def forged(path: str) -> str:
 
 
 def forged_expired_lease(path: str) -> str:
-    """A RUNNING row naming ``path`` whose holder ('ghost') let its lease expire long ago."""
-    task_id = forged(path)
+    """A RUNNING row naming ``path`` whose holder ('ghost') let its lease expire long ago.
+
+    Forged in one transaction: a running worker must never see it READY in between (it
+    would claim and dead-letter it, and the reaper would then add a second error)."""
     now = timezone.now()
-    TaskRecord.objects.filter(pk=task_id).update(
-        status=TaskResultStatus.RUNNING,
-        attempt=1,
-        lease_token=uuid.uuid4().hex,
-        lease_expires_at=now - timedelta(hours=1),
-        worker_ids=["ghost"],
-        started_at=now - timedelta(hours=1),
-        last_attempted_at=now - timedelta(hours=1),
-    )
+    with transaction.atomic():
+        task_id = forged(path)
+        TaskRecord.objects.filter(pk=task_id).update(
+            status=TaskResultStatus.RUNNING,
+            attempt=1,
+            lease_token=uuid.uuid4().hex,
+            lease_expires_at=now - timedelta(hours=1),
+            worker_ids=["ghost"],
+            started_at=now - timedelta(hours=1),
+            last_attempted_at=now - timedelta(hours=1),
+        )
     return task_id
 
 
