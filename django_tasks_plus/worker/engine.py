@@ -51,7 +51,7 @@ from .outcome import outcome_for
 from .plugins import ServiceContext, plugged_services
 from .reaper import reap_expired
 from .reporter import Reporter
-from .services import Service, Services
+from .services import Service, Services, ServiceStartError
 from .sessions import SharedSession
 from .slots import Slots
 from .tally import OutcomeTally
@@ -213,11 +213,21 @@ class Worker:
 
     def _run(self) -> int:
         self._install_signal_handlers()
-        with self.claim_session.turn():
-            if self.database_clock is not None:
-                self.database_clock.sync()
-            self.started_at = self.clock()
-            self._register(self.started_at)
+        try:
+            with self.claim_session.turn():
+                if self.database_clock is not None:
+                    self.database_clock.sync()
+                self.started_at = self.clock()
+                self._register(self.started_at)
+        except DatabaseError as exc:
+            # Nothing was claimed yet: one line that says what to check, not a traceback.
+            problem = " ".join(str(exc).split())  # the driver's message spans lines
+            raise ServiceStartError(
+                f"Worker {self.config.worker_id!r} cannot start: its first statement on "
+                f"database {self.database!r} failed ({type(exc).__name__}: {problem}). "
+                "Check that the database is running, reachable with these settings, and "
+                "migrated (manage.py migrate)."
+            ) from exc
         abandoned = 0
         up_since = time.monotonic()
         events.emit_worker_started(

@@ -57,7 +57,8 @@ class Service(Protocol):
 
 
 class ServiceStartError(RuntimeError):
-    """A worker service could not be started; the worker does not run without it."""
+    """A worker service, or the worker's own registration, could not be started; the
+    worker does not run without it."""
 
 
 class ThreadService:

@@ -30,6 +30,8 @@ from ...worker.supervisor import supervise
 from ..base import BackendCommand
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
+# The supervisor's own records (as worker/supervisor.py's: one logger for the worker side).
+logger = logging.getLogger("django_tasks_plus.worker")
 
 
 # argparse types: parse the text, then check the number with the settings' own validators.
@@ -201,7 +203,11 @@ class Command(BackendCommand):
 
             def run_child(index: int) -> int:
                 child = WorkerConfig(**{**config.__dict__, "worker_id": f"{worker_id}-{index}"})
-                return Worker(child).run()
+                try:
+                    return Worker(child).run()
+                except ServiceStartError as exc:  # one line, as for a single process
+                    logger.error("Worker process %d: %s", index, exc)
+                    return 1
 
             prepare_to_fork(config)
             code = supervise(processes, run_child, restart=not config.burst)
