@@ -870,6 +870,37 @@ def test_worker_bad_options(run_worker, arguments, message):
     assert TaskRecord.objects.get(pk=kept.id).status == TaskResultStatus.READY
 
 
+# Nothing listens on port 1; psycopg is installed in every test environment, so this runs
+# beside SQLite too.
+REFUSED_DATABASE = "postgres://root@127.0.0.1:1/nowhere"
+
+
+def _start_refusal(proc: Any) -> str:
+    """The one line a worker that cannot start prints, checked to be the only one."""
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "cannot start" in line]
+    return str(line)
+
+
+@pytest.mark.parametrize("database", ["refused", "never migrated"])
+@row(
+    "Worker started against a database that refuses connections, or was never migrated",
+    "CommandError",
+)
+def test_worker_database_unusable_at_start(run_worker, tmp_path, database):
+    if database == "refused":
+        url, cause = REFUSED_DATABASE, "Connection refused"
+    else:
+        url = f"sqlite:///{tmp_path / 'never-migrated.sqlite3'}"
+        cause = "no such table: django_tasks_plus_workerrecord"
+    line = _start_refusal(run_worker("--burst", "-v", "0", timeout=60, env={"DATABASE_URL": url}))
+    assert line.startswith("CommandError: Worker ")
+    assert "its first statement on database 'default' failed (OperationalError: " in line
+    assert cause in line
+    assert line.endswith("and migrated (manage.py migrate).")
+
+
 # =======================================================================================
 # The catalogue and its docs table agree
 # =======================================================================================

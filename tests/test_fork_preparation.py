@@ -41,7 +41,7 @@ def test_a_database_down_at_start_is_left_to_the_workers_to_report(run_worker):
     proc = run_worker("--burst", "--processes", "2", "-v", "1", timeout=60, env=down)
     assert proc.returncode == 1
     # Both children started and met the refused connection themselves (one line each,
-    # tests/test_start_errors.py): the supervisor's preparation let it pass rather than
+    # test_bad_input.py): the supervisor's preparation let it pass rather than
     # die before forking.
     assert "Traceback" not in proc.stderr, proc.stderr
     refused = [line for line in proc.stderr.splitlines() if "Connection refused" in line]
