@@ -108,21 +108,18 @@ class TreeCpuSampler(BackgroundSampler):
         return self.samples[pid][1][-1]
 
 
+def burst_worker(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """The side's ``runtasks --burst --processes N``, started (stderr kept for errors)."""
+    command = [sys.executable, args.manage, "runtasks", "-v", "0", "--burst"]
+    command += ["--processes", str(args.processes)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
 def run_worker(args: argparse.Namespace) -> tuple[float, float, TreeCpuSampler]:
     """``runtasks --burst`` to exit: wall seconds, CPU of the tree (rusage), the samples."""
-    command = [
-        sys.executable,
-        args.manage,
-        "runtasks",
-        "-v",
-        "0",
-        "--burst",
-        "--processes",
-        str(args.processes),
-    ]
     cpu_before = children_cpu()
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = burst_worker(args)
     with TreeCpuSampler(process.pid) as sampler:
         _, stderr = process.communicate()
     wall = time.perf_counter() - started
@@ -284,12 +281,7 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
     empty_tables()
     enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
     connection.close()
-    command = [sys.executable, args.manage, "runtasks", "-v", "0", "--burst"]
-    process = subprocess.Popen(
-        [*command, "--processes", str(args.processes)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    process = burst_worker(args)
     with TreeMemorySampler(process.pid, args.processes) as sampler:
         _, stderr = process.communicate()
     if process.returncode or not sampler.peak:

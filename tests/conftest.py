@@ -152,14 +152,21 @@ def idle_claim_parameters(visibility_timeout: float = 300.0) -> list[Any]:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:
-    """Poll ``condition`` until true; fail the test after ``timeout`` seconds."""
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float = 30,
+    interval: float = 0.05,
+    seen: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``condition`` until true; fail the test after ``timeout`` seconds, naming
+    what ``seen()`` reads then (when given)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+    found = f"; found {seen()!r}" if seen is not None else ""
+    raise AssertionError(f"condition not met within {timeout} s{found}")
 
 
 def admin_client_for(

@@ -338,10 +338,7 @@ def test_an_in_process_burst_run_leaves_no_session_open(transactional_db):
     expected = pool.get_stats()["pool_size"] - 1 if pool else 0
     # A session the worker closed leaves pg_stat_activity when its server process exits,
     # a moment after the client hung up (seen once on a loaded CI machine): allow 5 s.
-    deadline = time.monotonic() + 5
-    while len(left := others()) != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(left) == expected, left
+    wait_for(lambda: len(others()) == expected, timeout=5, seen=others)
 
 
 # -- one rule for ordering_failure="block" --------------------------------------------------
