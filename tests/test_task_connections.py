@@ -271,7 +271,10 @@ def test_task_finished_receivers_write_after_the_task_threads_sessions_are_termi
 def test_the_hygiene_passes_see_exactly_the_connections_the_thread_opened():
     """``thread_connections`` (one thread-local read per alias) lists what Django's
     ``connections.all(initialized_only=True)`` lists, in a thread that opened none, one,
-    and a second alias; ``any_pooled`` reads the settings."""
+    and a second alias, and inside an event loop running on that thread (asgiref's
+    ``Local`` then keeps a context's connections apart); ``any_pooled`` reads the
+    settings."""
+    import asyncio
     import threading
 
     from django.db import connections
@@ -294,6 +297,11 @@ def test_the_hygiene_passes_see_exactly_the_connections_the_thread_opened():
             if alias != "default":
                 connections[alias].ensure_connection()
         both()
+
+        async def inside_a_loop() -> None:  # asgiref then reads a context's storage
+            both()
+
+        asyncio.run(inside_a_loop())
         for wrapper in connections.all(initialized_only=True):
             wrapper.close()
 
@@ -303,6 +311,7 @@ def test_the_hygiene_passes_see_exactly_the_connections_the_thread_opened():
     assert [ours for ours, _ in seen] == [django for _, django in seen]
     assert seen[0][0] == [] and seen[1][0] == ["default"]
     assert seen[2][0] == list(connections)
+    assert seen[3][0] == []  # the loop's context has opened none
     options = connections.settings["default"].setdefault("OPTIONS", {})
     had, before = "pool" in options, options.get("pool")
     try:
