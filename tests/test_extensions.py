@@ -125,7 +125,7 @@ def test_with_no_hook_registered_an_outcome_batch_sends_no_extra_statement(featu
 def test_a_hook_sees_only_the_outcomes_that_landed(feature_tables):
     first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
     claimed_first, claimed_second = _claim_one(first.id), _claim_one(second.id)
-    stale = claimed_second.__class__(**{**vars(claimed_second), "lease_token": "lost"})
+    stale = claimed_second._replace(lease_token="lost")
     with extensions.outcome_hooks.registered(log_outcomes):
         landed = apply_transitions("default", [(claimed_first, _success()), (stale, _success())])
     assert landed == [True, False]

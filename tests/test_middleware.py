@@ -229,7 +229,7 @@ def test_a_held_retry_keeps_its_attempts_and_start():
 
 def test_a_task_held_again_keeps_the_time_of_its_first_hold():
     first = NOW - dt.timedelta(hours=3)
-    claimed = dataclasses.replace(_claimed(1), held_since=first)
+    claimed = _claimed(1)._replace(held_since=first)
     outcome = transition(claimed, Postponed(NOW, reason="x"), policy=exponential_backoff(), now=NOW)
     assert outcome.values["held_since"] == first
 
@@ -245,7 +245,7 @@ def test_a_task_held_again_keeps_the_time_of_its_first_hold():
     ids=["succeeded", "failed", "aborted", "deferred"],
 )
 def test_a_held_task_that_then_runs_forgets_its_hold(event):
-    claimed = dataclasses.replace(_claimed(1), held_since=NOW - dt.timedelta(hours=1))
+    claimed = _claimed(1)._replace(held_since=NOW - dt.timedelta(hours=1))
     outcome = transition(claimed, event, policy=exponential_backoff(), now=NOW, started=NOW)
     assert outcome.values["held_since"] is None
 
@@ -256,7 +256,7 @@ def test_a_task_never_held_writes_no_held_since():
 
 
 def test_a_held_task_released_at_shutdown_stays_held():
-    claimed = dataclasses.replace(_claimed(1), held_since=NOW - dt.timedelta(hours=1))
+    claimed = _claimed(1)._replace(held_since=NOW - dt.timedelta(hours=1))
     outcome = transition(claimed, Released(), policy=exponential_backoff(), now=NOW)
     assert "held_since" not in outcome.values
 
