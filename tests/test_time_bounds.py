@@ -206,6 +206,34 @@ def test_the_worker_checks_a_deferral_again_by_its_own_clock():
     assert deferred_until(host_now, None, edge) == edge
 
 
+OUTCOME_TIMES = {
+    "now": datetime(2026, 12, 5, 1, 2, 3, 456789, tzinfo=UTC),
+    "the last moment": datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    "just before the epoch": datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    "year 1": datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+    "another offset": datetime(2026, 6, 1, 9, 30, 0, 7, tzinfo=timezone(timedelta(hours=5))),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("moment", list(OUTCOME_TIMES.values()), ids=list(OUTCOME_TIMES))
+def test_an_outcome_writes_its_times_to_the_microsecond(moment: datetime) -> None:
+    """The outcome writer sends times compactly (PostgreSQL: microseconds since the
+    epoch, rebuilt in SQL): each reads back exactly, at both ends of the range and on
+    either side of the epoch, whatever its offset."""
+    from django.db import connection
+
+    from django_tasks_plus.db import dialect_for
+
+    result = tasks.add.enqueue(1, 2)
+    [claimed] = claim_tasks(1)
+    values = {"return_value": 3, "finished_at": moment, "last_attempted_at": moment}
+    outcome = Transition(TaskResultStatus.SUCCESSFUL, values)
+    assert dialect_for(connection).write_outcomes(connection, [(claimed, outcome)]) == [True]
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.finished_at, row.last_attempted_at) == ("SUCCESSFUL", moment, moment)
+
+
 def test_times_and_reasons_from_user_code_are_kept_as_plain_values():
     """What reaches the worker's bookkeeping threads is a plain UTC datetime and a plain
     str, whatever subclass task code handed over."""

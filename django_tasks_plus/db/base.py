@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -240,6 +241,14 @@ def _as_datetime(value: Any) -> datetime | None:
     return parsed
 
 
+# A UUID in the form ``str(uuid.UUID(...))`` gives (PostgreSQL's text form of its uuid).
+_CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+
+
+def _canonical_id(raw_id: Any) -> str:
+    return str(raw_id if isinstance(raw_id, uuid.UUID) else uuid.UUID(str(raw_id)))
+
+
 def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> ClaimedTask:
     """Build a ``ClaimedTask`` from a RETURNING row in ``CLAIM_COLUMNS`` order.
 
@@ -269,7 +278,7 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         metadata,
     ) = row  # CLAIM_COLUMNS, by position: a claim builds thousands of these a second
     return ClaimedTask(
-        id=str(raw_id if isinstance(raw_id, uuid.UUID) else uuid.UUID(str(raw_id))),
+        id=raw_id if type(raw_id) is str and _CANONICAL_ID(raw_id) else _canonical_id(raw_id),
         task_path=task_path,
         queue_name=queue_name,
         priority=int(priority),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import select
+import zoneinfo
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,11 @@ def claim_statement(conditions: str = "", synchronous: bool = True) -> str:
         lease_expiry=LEASE_EXPIRY,
         now=NOW,
         commit="" if synchronous else ASYNC_COMMIT,
-        returning=", ".join(f"task.{name}" for name in sql.CLAIM_COLUMNS),
+        # The id as text: PostgreSQL's form is the canonical one claimed_from_row keeps
+        # as it is (no UUID object to build and print again per claimed row).
+        returning=", ".join(
+            "task.id::text" if name == "id" else f"task.{name}" for name in sql.CLAIM_COLUMNS
+        ),
     )
 
 
@@ -180,7 +185,7 @@ UPDATE_OUTCOMES = """
     FROM jsonb_to_recordset(%s::jsonb)
         AS v(id uuid, lease_token text, status text{record_columns})
     WHERE task.id = v.id AND task.lease_token = v.lease_token AND task.status = 'RUNNING'
-    RETURNING task.id
+    RETURNING task.id::text
 """
 
 # PostgreSQL types of the record columns, so values arrive with the column's type.
@@ -315,8 +320,9 @@ class PostgreSQLDialect(Dialect):
             groups.setdefault(tuple(sorted(outcome.values)), []).append((claimed, outcome))
         landed: set[str] = set()
         for names, members in groups.items():
-            rows = fetch_all(connection, _update_outcomes_sql(names), [_records(names, members)])
-            landed.update(str(row[0]) for row in rows)
+            records = _records(names, members, connection.timezone_name)
+            rows = fetch_all(connection, _update_outcomes_sql(names), [records])
+            landed.update(row[0] for row in rows)  # the ids as text, as claims hold them
         return [claimed.id in landed for claimed, _ in completions]
 
     def driver_state(self, raw: Any) -> DriverState:
@@ -376,31 +382,54 @@ class PostgreSQLDialect(Dialect):
 def _update_outcomes_sql(names: tuple[str, ...]) -> str:
     """``UPDATE_OUTCOMES`` for outcomes that set ``names``: built once per set of columns."""
     return UPDATE_OUTCOMES.format(
-        assignments="".join(f", {column(name)} = v.{name}" for name in names),
-        record_columns="".join(f", {name} {_pg_type(name)}" for name in names),
+        assignments="".join(f", {column(name)} = {_record_value(name)}" for name in names),
+        record_columns="".join(f", {name} {_record_type(name)}" for name in names),
     )
 
 
-def _pg_type(name: str) -> str:
+def _internal_type(name: str) -> str:
     from ..models import TaskRecord
 
-    return _PG_TYPES[TaskRecord._meta.get_field(name).get_internal_type()]
+    return TaskRecord._meta.get_field(name).get_internal_type()
 
 
-def _iso(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not a column value")
+def _record_type(name: str) -> str:
+    """A record column's type: the task column's, but microseconds for a datetime."""
+    kind = _internal_type(name)
+    return "bigint" if kind == "DateTimeField" else _PG_TYPES[kind]
 
 
-# Outcome values are JSON-ready but for datetimes; NaN never reaches here (the codec
-# refuses it), so allow_nan=False only guards the SQL from an invalid literal.
-_RECORDS = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_iso
-)
+def _record_value(name: str) -> str:
+    """The value a record column assigns. A datetime travels as whole microseconds since
+    the epoch (``_micros``: a fifth of the client's cost of ISO text, and no date parsing
+    on the server), rebuilt exactly: whole seconds, then the rest in microseconds, so no
+    factor exceeds what a double holds exactly, even in year 9999."""
+    if _internal_type(name) != "DateTimeField":
+        return f"v.{name}"
+    return (
+        f"(timestamptz 'epoch' + (v.{name} / 1000000) * interval '1 second'"
+        f" + (v.{name} %% 1000000) * interval '1 microsecond')"
+    )
 
 
-def _records(names: tuple[str, ...], members: Sequence[Completion]) -> str:
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(value: datetime, session_zone: str) -> int:
+    """Microseconds since the epoch; a naive datetime (``USE_TZ = False``) is read in the
+    session's time zone, as PostgreSQL would have read it as text."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zoneinfo.ZoneInfo(session_zone))
+    return (value - _EPOCH) // _MICROSECOND
+
+
+# Outcome values are JSON-ready (datetimes made integers first); NaN never reaches here
+# (the codec refuses it), so allow_nan=False only guards the SQL from an invalid literal.
+_RECORDS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _records(names: tuple[str, ...], members: Sequence[Completion], session_zone: str) -> str:
     """The group as one JSON array of objects: id, lease token, status and ``names``.
 
     One text parameter, encoded by the C JSON encoder, costs far less on the client than
@@ -409,10 +438,15 @@ def _records(names: tuple[str, ...], members: Sequence[Completion]) -> str:
     """
     records = []
     for claimed, outcome in members:
-        record = {"id": claimed.id, "lease_token": claimed.lease_token, "status": outcome.status}
+        record: dict[str, Any] = {
+            "id": claimed.id,
+            "lease_token": claimed.lease_token,
+            "status": outcome.status,
+        }
         values = outcome.values
         for name in names:
-            record[name] = values[name]
+            value = values[name]
+            record[name] = _micros(value, session_zone) if isinstance(value, datetime) else value
         records.append(record)
     return _RECORDS.encode(records)
 
