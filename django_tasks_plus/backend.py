@@ -301,6 +301,8 @@ class DatabaseBackend(compat.BaseTaskBackend):
             finished_at=None,
             last_attempted_at=None,
         )
+        if len(calls) == 1:  # a single enqueue: nothing to clone
+            return [first]
         rest = clone_results(
             first, ((call.id, call.shown_args, call.shown_kwargs) for call in calls[1:])
         )

@@ -75,22 +75,73 @@ def make_result(
     worker_ids: Iterable[str] = (),
     return_value: Any = None,
 ) -> compat.TaskResult:
-    result: compat.TaskResult = compat.TaskResult(
-        task=task,
-        id=id,
-        status=compat.TaskResultStatus(status),
-        enqueued_at=enqueued_at,
-        started_at=started_at,
-        finished_at=finished_at,
-        last_attempted_at=last_attempted_at,
-        args=list(args) if isinstance(args, list | tuple) else [],
-        kwargs=dict(kwargs) if isinstance(kwargs, Mapping) else {},
-        backend=backend,
-        errors=task_errors(errors),
-        worker_ids=list(worker_ids),
+    """A ``TaskResult`` of stored (or display-ready) values.
+
+    Each slot is set through its descriptor, as ``clone_results`` does: the dataclass
+    ``__init__`` sets thirteen frozen fields one ``object.__setattr__`` at a time and its
+    ``__post_init__`` copies the arguments through ``normalize_json``, a no-op for the
+    plain JSON every caller passes; together most of a result's cost, paid once per
+    single enqueue and once per attempt. A ``TaskResult`` with other fields than these
+    (another Django) is built the documented way.
+    """
+    values: tuple[Any, ...] = (
+        task,
+        id,
+        status if type(status) is compat.TaskResultStatus else compat.TaskResultStatus(status),
+        enqueued_at,
+        started_at,
+        finished_at,
+        last_attempted_at,
+        list(args) if isinstance(args, list | tuple) else [],
+        dict(kwargs) if isinstance(kwargs, Mapping) else {},
+        backend,
+        [] if type(errors) in _EMPTY_SEQUENCES and not errors else task_errors(errors),
+        list(worker_ids),
+        return_value,
     )
-    object.__setattr__(result, "_return_value", return_value)
-    return result
+    setters = _result_setters(compat.TaskResult)
+    if setters is not None:
+        result = object.__new__(compat.TaskResult)
+        for setter, value in zip(setters, values, strict=True):
+            setter(result, value)
+        return result
+    built: compat.TaskResult = compat.TaskResult(
+        **dict(zip(_RESULT_FIELDS[:-1], values[:-1], strict=True))
+    )
+    object.__setattr__(built, "_return_value", return_value)
+    return built
+
+
+_EMPTY_SEQUENCES = (tuple, list)  # no errors yet: most results (a null column is corrupt)
+
+# ``TaskResult``'s fields in ``make_result``'s order; the last is not an init field.
+_RESULT_FIELDS = (
+    "task",
+    "id",
+    "status",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_attempted_at",
+    "args",
+    "kwargs",
+    "backend",
+    "errors",
+    "worker_ids",
+    "_return_value",
+)
+
+
+@lru_cache(maxsize=4)
+def _result_setters(cls: type) -> tuple[Callable[[Any, Any], None], ...] | None:
+    """The slot setters of ``_RESULT_FIELDS``, in order, if ``cls`` is a slots dataclass
+    with exactly those fields; None otherwise."""
+    setters = _slot_setters(cls)
+    if setters is None or not dataclasses.is_dataclass(cls):
+        return None
+    if {field.name for field in dataclasses.fields(cls)} != set(_RESULT_FIELDS):
+        return None
+    return tuple(setters[name] for name in _RESULT_FIELDS)
 
 
 def clone_results(

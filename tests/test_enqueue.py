@@ -17,6 +17,7 @@ from django_tasks_plus import (
     InvalidTaskOptions,
     Task,
     TaskResultStatus,
+    compat,
     exponential_backoff,
 )
 from django_tasks_plus.compat import task_backends, task_enqueued
@@ -219,6 +220,52 @@ def test_the_results_of_a_batch_are_clones_of_its_first_with_their_own_call():
         id: str
 
     assert _slot_setters(WithoutSlots) is None  # clone_results uses dataclasses.replace
+
+
+@pytest.mark.parametrize(
+    "errors, worker_ids, return_value",
+    [
+        ((), (), None),
+        ([{"exception_class_path": "x.Y", "traceback": "t"}], ["w1", "w2"], {"kept": [1]}),
+        ("not a list", [], 3),  # a corrupt errors column shows as one entry
+    ],
+)
+def test_a_result_built_slot_by_slot_equals_the_one_django_builds(errors, worker_ids, return_value):
+    """``make_result`` sets the slots itself (no ``__init__``/``__post_init__``): on this
+    Django it takes that road, and what it builds equals, field for field and type for
+    type, the ``TaskResult`` Django's constructor builds from the same values."""
+    import dataclasses
+
+    from django_tasks_plus.results import _result_setters, make_result, task_errors
+
+    now = timezone.now()
+    values = {
+        "id": "abc",
+        "status": "RUNNING",
+        "backend": "default",
+        "args": [1, {"a": [2, None]}],
+        "kwargs": {"k": "v"},
+        "enqueued_at": now,
+        "started_at": now,
+        "finished_at": None,
+        "last_attempted_at": now,
+    }
+    ours = make_result(
+        tasks.add, errors=errors, worker_ids=worker_ids, return_value=return_value, **values
+    )
+    django = compat.TaskResult(
+        task=tasks.add,
+        **{**values, "status": compat.TaskResultStatus.RUNNING},
+        errors=task_errors(errors),
+        worker_ids=list(worker_ids),
+    )
+    object.__setattr__(django, "_return_value", return_value)
+    assert _result_setters(compat.TaskResult) is not None  # the slot road was taken
+    for field in dataclasses.fields(django):
+        mine, theirs = getattr(ours, field.name), getattr(django, field.name)
+        assert (mine, type(mine)) == (theirs, type(theirs)), field.name
+    assert ours._return_value == return_value
+    assert ours.args is not values["args"]  # the caller's list is not shared
 
 
 def test_a_big_batch_is_built_with_the_cyclic_collector_paused_and_restored():
