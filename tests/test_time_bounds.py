@@ -459,3 +459,19 @@ def test_a_time_that_cannot_be_formatted_does_not_stop_the_worker(markers, tmp_p
     assert row.attempt == 0  # a deferral spends no attempt
     assert _runs(markers, "defers-to-an-unprintable-time") == 1
     _assert_good_ran_once(good, markers)
+
+
+def test_a_naive_outcome_time_is_read_in_the_sessions_zone():
+    """``USE_TZ = False`` hands naive datetimes to the outcome writer: they are read in
+    the database session's time zone, as PostgreSQL read them when they travelled as
+    text, and an aware one ignores the zone."""
+    from zoneinfo import ZoneInfo
+
+    from django_tasks_plus.db.postgresql import _micros
+
+    wall = datetime(2026, 7, 1, 12, 0, 0, 250)
+    paris = wall.replace(tzinfo=ZoneInfo("Europe/Paris"))
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert _micros(wall, "Europe/Paris") == (paris - epoch) // timedelta(microseconds=1)
+    assert _micros(wall, "UTC") - _micros(wall, "Europe/Paris") == 2 * 3600 * 10**6  # CEST
+    assert _micros(paris, "UTC") == _micros(wall, "Europe/Paris")
