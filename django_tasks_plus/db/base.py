@@ -242,7 +242,9 @@ def _as_datetime(value: Any) -> datetime | None:
 
 
 # A UUID in the form ``str(uuid.UUID(...))`` gives (PostgreSQL's text form of its uuid).
-_CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+_CANONICAL_ID = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+).fullmatch
 
 
 def _canonical_id(raw_id: Any) -> str:
