@@ -152,6 +152,11 @@ def idle_claim_parameters(visibility_timeout: float = 300.0) -> list[Any]:
     )
 
 
+# A PostgreSQL URL nothing listens on (port 1): psycopg is installed in every test
+# environment, so workers pointed at it fail to start beside SQLite too.
+REFUSED_DATABASE = "postgres://root@127.0.0.1:1/nowhere"
+
+
 def wait_for(
     condition: Callable[[], bool],
     timeout: float = 30,

@@ -37,6 +37,7 @@ from django_tasks_plus.compat import InvalidTask, TaskResultDoesNotExist, task_b
 from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.models import DedupKey, TaskRecord
 from tests import tasks
+from tests.conftest import REFUSED_DATABASE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -868,11 +869,6 @@ def test_worker_bad_options(run_worker, arguments, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert TaskRecord.objects.get(pk=kept.id).status == TaskResultStatus.READY
-
-
-# Nothing listens on port 1; psycopg is installed in every test environment, so this runs
-# beside SQLite too.
-REFUSED_DATABASE = "postgres://root@127.0.0.1:1/nowhere"
 
 
 def _start_refusal(proc: Any) -> str:

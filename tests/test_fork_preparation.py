@@ -14,6 +14,7 @@ from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.config import WorkerConfig
 from django_tasks_plus.worker.engine import installed_version, prepare_to_fork
 from tests import tasks
+from tests.conftest import REFUSED_DATABASE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +38,7 @@ def test_forked_workers_run_every_task_after_the_preparation(run_worker):
 
 
 def test_a_database_down_at_start_is_left_to_the_workers_to_report(run_worker):
-    down = {"DATABASE_URL": "postgres://root@127.0.0.1:1/nowhere"}
+    down = {"DATABASE_URL": REFUSED_DATABASE}
     proc = run_worker("--burst", "--processes", "2", "-v", "1", timeout=60, env=down)
     assert proc.returncode == 1
     # Both children started and met the refused connection themselves (one line each,

@@ -248,6 +248,10 @@ _CANONICAL_ID = re.compile(
 
 
 def _canonical_id(raw_id: Any) -> str:
+    """A claimed row's id in ``str(UUID)`` form: PostgreSQL's text kept as it is, anything
+    else (a ``UUID``, SQLite's 32 hex digits) parsed and printed."""
+    if type(raw_id) is str and _CANONICAL_ID(raw_id):
+        return raw_id
     return str(raw_id if isinstance(raw_id, uuid.UUID) else uuid.UUID(str(raw_id)))
 
 
@@ -280,7 +284,7 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         metadata,
     ) = row  # CLAIM_COLUMNS, by position: a claim builds thousands of these a second
     return ClaimedTask(
-        id=raw_id if type(raw_id) is str and _CANONICAL_ID(raw_id) else _canonical_id(raw_id),
+        id=_canonical_id(raw_id),
         task_path=task_path,
         queue_name=queue_name,
         priority=int(priority),

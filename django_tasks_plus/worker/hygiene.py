@@ -60,13 +60,11 @@ def thread_connections() -> Sequence[BaseDatabaseWrapper]:
     storage once rather than through asgiref's ``Local`` per alias (each read there asks
     asyncio for a running loop and catches the error: the passes below run twice per
     attempt, about a twentieth of a drain's CPU)."""
-    storage = _thread_storage()
+    local = getattr(connections, "_connections", None)
+    if local is None:  # a Django whose handler keeps them elsewhere
+        return connections.all(initialized_only=True)
+    storage = _thread_storage(local)
     found: list[BaseDatabaseWrapper] = []
-    if storage is None:
-        local = getattr(connections, "_connections", None)
-        if local is None:  # a Django whose handler keeps them elsewhere
-            return connections.all(initialized_only=True)
-        storage = local
     for alias in connections:
         wrapper = getattr(storage, alias, None)
         if wrapper is not None:
@@ -74,14 +72,13 @@ def thread_connections() -> Sequence[BaseDatabaseWrapper]:
     return found
 
 
-def _thread_storage() -> threading.local | None:
-    """The ``threading.local`` behind Django's connection handler on this thread, when
-    that is what asgiref's thread-critical ``Local`` would read (no event loop running
-    here); None otherwise (another asgiref, or inside a loop: ask the ``Local``)."""
-    local = getattr(connections, "_connections", None)
-    storage = getattr(local, "_storage", None) if local is not None else None
+def _thread_storage(local: object) -> object:
+    """The ``threading.local`` behind asgiref's thread-critical ``Local`` when that is what
+    the ``Local`` would read on this thread (no event loop running here); otherwise the
+    ``Local`` itself (another asgiref, or inside a loop: it chooses)."""
+    storage = getattr(local, "_storage", None)
     if type(storage) is not threading.local or asyncio._get_running_loop() is not None:
-        return None
+        return local
     return storage
 
 
