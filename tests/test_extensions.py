@@ -5,6 +5,8 @@ databases, with test-only features that write to tables of their own.
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -207,6 +209,54 @@ def test_a_claim_filter_keeps_a_paused_queue_out_of_a_real_worker(feature_tables
     extensions.reset()  # the feature is gone: the same claim takes everything again
     _burst(concurrency=2)
     assert set(TaskRecord.objects.values_list("status", flat=True)) == {TaskResultStatus.SUCCESSFUL}
+
+
+def test_a_burst_whose_claim_fails_retries_it_rather_than_stopping(feature_tables):
+    """A claim that fails (here a claim filter whose SQL errors while a bad row sits in its
+    table: a DataError on PostgreSQL, an OperationalError on SQLite) found nothing only
+    because it did not look: ``--burst`` claims again rather than exiting with due tasks
+    left READY. The row is mended from another session once the worker has logged the
+    failure."""
+    _execute(f"INSERT INTO {PAUSED} (queue_name) VALUES (%s)", ["not a number"])
+    errs_on_a_bad_row = ClaimFilter(
+        name="errs while its table holds a bad row",
+        sql={
+            "postgresql": f"(SELECT count(p.queue_name::int) FROM {PAUSED} p) >= 0",
+            "sqlite": f"(SELECT count(json(p.queue_name)) FROM {PAUSED} p) >= 0",
+        },
+    )
+    results = [tasks.add.enqueue(n, n) for n in range(3)]
+    extensions.claim_filters.register(errs_on_a_bad_row)
+    failures: list[str] = []
+    claim_failed = threading.Event()
+
+    class ClaimFailures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "claiming" in record.getMessage().lower():
+                failures.append(record.getMessage())
+                claim_failed.set()
+
+    def mend_the_row() -> None:
+        try:
+            if claim_failed.wait(60):
+                _execute(f"DELETE FROM {PAUSED}")
+        finally:
+            connection.close()
+
+    watch = ClaimFailures(logging.WARNING)
+    worker_logger = logging.getLogger("django_tasks_plus.worker")
+    worker_logger.addHandler(watch)
+    mender = threading.Thread(target=mend_the_row)
+    mender.start()
+    try:
+        _burst(concurrency=2)
+    finally:
+        worker_logger.removeHandler(watch)
+        claim_failed.set()
+        mender.join()
+    assert failures, "the claim never failed: the test did not test anything"
+    for result in results:
+        assert TaskRecord.objects.get(pk=result.id).status == TaskResultStatus.SUCCESSFUL
 
 
 def test_a_claim_filter_without_sql_for_the_database_is_a_clear_error(feature_tables):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
@@ -73,6 +73,17 @@ MAX_ADAPTIVE_PREFETCH = 256
 RUN_TIME_SMOOTHING = 0.1
 # Signals this close together are one request (group delivery plus supervisor forwarding).
 DUPLICATE_SIGNAL_WINDOW = 0.5
+
+
+class ClaimRound(NamedTuple):
+    """What one claim round did: ``claimed`` tasks; ``full`` when some queue group gave
+    all that was asked of it (more may be due right now; one that gave less had no more
+    due rows); ``failed`` when a claim statement failed, so an empty round says nothing
+    about what is due."""
+
+    claimed: int
+    full: bool
+    failed: bool
 
 
 @functools.cache
@@ -402,12 +413,14 @@ class Worker:
             # again) before their lease leaves this set, so an empty set here means the
             # claim below saw every such task.
             idle_before_claim = not self._leased
-            claimed, full = self._claim()
+            claimed, full, failed = self._claim()
             self._dispatch()
             if self._max_tasks_done():
                 logger.info("Reached --max-tasks=%s; stopping.", self.config.max_tasks)
                 return
-            if self.config.burst and claimed == 0 and idle_before_claim:
+            # A claim that failed (the database went away, a statement was cancelled)
+            # found nothing only because it did not look: --burst goes on after it.
+            if self.config.burst and claimed == 0 and idle_before_claim and not failed:
                 logger.info("Burst mode: nothing left to do; stopping.")
                 return
             if claimed:
@@ -439,19 +452,17 @@ class Worker:
         max_tasks = self.config.max_tasks
         return max_tasks is not None and self._claimed_total >= max_tasks and not self._leased
 
-    def _claim(self) -> tuple[int, bool]:
-        """Claim for the free slots; return how many tasks were claimed, and whether some
-        queue group gave all that was asked of it (so more may be due right now; one that
-        gave less had no more due rows)."""
+    def _claim(self) -> ClaimRound:
+        """Claim for the free slots, one statement per queue group."""
         capacity = self._capacity()
         free = self._free_slots(capacity)
         if free <= 0:
-            return 0, False
+            return ClaimRound(0, False, False)
         waiting = sum(group.doer.waiting for group in self.groups)
         if waiting and free < max(1, capacity // 2):
             # Work is still queued in-process: wait until a worthwhile batch is free
             # rather than paying one claim round trip per finished task.
-            return 0, False
+            return ClaimRound(0, False, False)
         total = 0
         full = False
         # Every doer gets a fair share of the free slots, starting with a different doer
@@ -469,12 +480,12 @@ class Worker:
                 claimed = self._claim_from(group, wanted)
             except (OperationalError, InterfaceError) as exc:
                 self._database_trouble(exc)
-                return total, full
+                return ClaimRound(total, full, True)
             except DatabaseError:
                 # Not a lost connection: log it loudly, back off, and keep the worker alive.
                 logger.exception("Claiming from queues %s failed; retrying shortly.", group.queues)
                 self.stopping.wait(1.0)
-                return total, full
+                return ClaimRound(total, full, True)
             if not claimed:
                 continue
             full = full or len(claimed) >= wanted
@@ -493,7 +504,7 @@ class Worker:
             self._claimed_total += len(claimed)
             free -= len(claimed)
             total += len(claimed)
-        return total, full
+        return ClaimRound(total, full, False)
 
     def _claim_from(self, group: QueueGroup, wanted: int) -> list[ClaimedTask]:
         """One claim statement, in one turn on the claim session."""
