@@ -165,7 +165,7 @@ WAITS: tuple[tuple[str, str], ...] = (  # (function, file) of a leaf that is a w
     ("_wait_for_tstate_lock", "threading.py"),
     ("wait", "psycopg/connection.py"),
     ("wait", "psycopg/waiting.py"),
-    ("supervise", "worker/supervisor.py"),  # the supervisor, waiting for its children
+    ("run", "worker/childwatch.py"),  # the supervisor, waiting for its children
 )
 # A stack under one of these is start-up: imports, django.setup(), checks, finding and
 # parsing the management command.

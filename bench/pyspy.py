@@ -24,7 +24,7 @@ LAYERS = (
     ("wait: thread handoff", "Event.wait (threading.py)"),
     ("wait: thread handoff", "Thread.join (threading.py)"),
     ("wait: database reply", "Connection.wait (psycopg/connection.py)"),
-    ("wait: child processes", "supervise (django_tasks_plus/worker/supervisor.py)"),
+    ("wait: child processes", "run (django_tasks_plus/worker/childwatch.py)"),
     ("django_tasks_plus", "django_tasks_plus/"),
     ("psycopg", "psycopg"),
     ("django", "django/"),

@@ -16,6 +16,7 @@ from ...backend import DatabaseBackend
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS
 from ...conf import positive_int_problem, positive_seconds_problem
 from ...limits import WORKER_ID_MAX_LENGTH
+from ...worker.childwatch import RELAUNCHED_WORKER
 from ...worker.config import (
     WorkerConfig,
     WorkerConfigError,
@@ -26,7 +27,7 @@ from ...worker.config import (
 from ...worker.engine import MAX_ADAPTIVE_PREFETCH, Worker, prepare_to_fork
 from ...worker.reload import Reloader, is_reloaded_child, require_watchfiles
 from ...worker.services import ServiceStartError
-from ...worker.supervisor import supervise
+from ...worker.supervisor import Relaunch, supervise
 from ..base import BackendCommand
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
@@ -66,6 +67,22 @@ def _worker_id(value: str) -> str:
     return value
 
 
+def _relaunched_worker() -> tuple[int, str] | None:
+    """The worker this process replaces, when the lean supervisor restarted it
+    (``childwatch.RELAUNCHED_WORKER``): its index and worker id. Taken out of the
+    environment, so the task code and its subprocesses do not inherit it."""
+    value = os.environ.pop(RELAUNCHED_WORKER, None)
+    if value is None:
+        return None
+    index, _, worker_id = value.partition(" ")
+    if not index.isdigit() or worker_id_problem(worker_id):
+        raise CommandError(
+            f"{RELAUNCHED_WORKER}={value!r} is not '<index> <worker id>'; it is set by "
+            "runtasks --processes for the workers it restarts, not by hand."
+        )
+    return int(index), worker_id
+
+
 def _flag(error: WorkerConfigError) -> str:
     """A ``WorkerConfigError`` as runtasks words it: the keyword as its ``--flag``."""
     if error.option is None:
@@ -93,6 +110,16 @@ def _configure_logging(verbosity: int) -> None:
         package_logger.addHandler(handler)
 
 
+def _run_child(config: WorkerConfig, index: int) -> int:
+    """One of --processes' workers; a start-up failure is one line, as for a single
+    process, and exit status 1."""
+    try:
+        return Worker(config).run()
+    except ServiceStartError as exc:
+        logger.error("Worker process %d: %s", index, exc)
+        return 1
+
+
 def _describe_prefetch(config: WorkerConfig) -> str:
     if config.adaptive_prefetch:
         return f"adaptive, {config.prefetch} to {MAX_ADAPTIVE_PREFETCH}"
@@ -101,6 +128,15 @@ def _describe_prefetch(config: WorkerConfig) -> str:
 
 class Command(BackendCommand):
     help = "Run tasks from the django-tasks-plus database queue."
+
+    # True when this command is the process's program (manage.py, django-admin), not a
+    # call_command() inside some other program: only then may --processes replace the
+    # process with the lean supervisor.
+    owns_the_process = False
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.owns_the_process = True
+        super().run_from_argv(argv)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -165,6 +201,9 @@ class Command(BackendCommand):
         backend = self._backend(options["backend"])
         processes = options["processes"]
         worker_id = options["worker_id"]
+        relaunched = _relaunched_worker()
+        if relaunched is not None:  # one of --processes' workers, restarted on its own
+            processes, worker_id = 1, relaunched[1]
         if worker_id is None:
             worker_id = default_worker_id()
         # call_command() passes options without argparse's type check: check here too,
@@ -191,31 +230,49 @@ class Command(BackendCommand):
             raise CommandError(_flag(exc)) from None
         if options.get("reload") and not is_reloaded_child():
             return self._reload(config)
-        if verbosity >= 1:
+        if verbosity >= 1 and relaunched is None:
             self._banner(backend, config, processes)
         sys.stdout.flush()
-        if processes == 1:
+        if relaunched is not None:
+            code = _run_child(config, relaunched[0])
+        elif processes == 1:
             try:
                 code = Worker(config).run()
             except ServiceStartError as exc:
                 raise CommandError(str(exc)) from exc
         else:
+            worker_ids = [f"{worker_id}-{index}" for index in range(processes)]
 
             def run_child(index: int) -> int:
-                child = WorkerConfig(**{**config.__dict__, "worker_id": f"{worker_id}-{index}"})
-                try:
-                    return Worker(child).run()
-                except ServiceStartError as exc:  # one line, as for a single process
-                    logger.error("Worker process %d: %s", index, exc)
-                    return 1
+                child = WorkerConfig(**{**config.__dict__, "worker_id": worker_ids[index]})
+                return _run_child(child, index)
 
             prepare_to_fork(config)
-            code = supervise(processes, run_child, restart=not config.burst)
+            code = supervise(
+                processes,
+                run_child,
+                restart=not config.burst,
+                relaunch=self._relaunch(worker_ids),
+            )
         sys.stdout.flush()
         sys.stderr.flush()
         if code:
             # Threads still running abandoned tasks would block a normal exit.
             os._exit(code)
+
+    def _relaunch(self, worker_ids: list[str]) -> Relaunch | None:
+        """How the lean supervisor restarts a worker: this command line again (as Django's
+        runserver re-runs itself); None when this process is not the command's own."""
+        if not self.owns_the_process:
+            return None
+        from django.utils.autoreload import get_child_arguments
+
+        try:
+            command = get_child_arguments()
+        except RuntimeError as exc:  # a script path that no longer exists
+            logger.warning("Workers will be supervised by this process: %s", exc)
+            return None
+        return Relaunch(command=command, worker_ids=worker_ids)
 
     def _reload(self, config: WorkerConfig) -> None:
         """Watch the code and run the worker in a child that restarts on change."""
