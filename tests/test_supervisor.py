@@ -17,7 +17,7 @@ import pytest
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import TaskRecord, WorkerRecord
-from django_tasks_plus.worker.childwatch import RELAUNCHED_WORKER
+from django_tasks_plus.worker.childwatch import RELAUNCHED_WORKER, read_payload, relaunch_payload
 from django_tasks_plus.worker.supervisor import Relaunch, supervise
 from tests import tasks
 from tests.conftest import wait_for, worker_log
@@ -101,6 +101,18 @@ def test_a_stop_signal_to_the_supervisor_alone_stops_every_worker_gracefully(
         assert f"[pid {pid}] Received SIGTERM: finishing running tasks" in log
 
 
+def test_the_state_handed_to_the_lean_supervisor_reads_back_as_it_was_written():
+    command = [sys.executable, "manage.py", "runtasks", "--queue", "a b", "--worker-id", "é\t"]
+    payload = relaunch_payload({41: 0, 42: 1}, restart=True, command=command, worker_ids=["x-0"])
+    assert read_payload(payload) == ({41: 0, 42: 1}, True, command, ["x-0"])
+    assert read_payload(relaunch_payload({}, restart=False, command=[], worker_ids=[])) == (
+        {},
+        False,
+        [],
+        [],
+    )
+
+
 def test_a_relaunch_marker_that_is_not_runtasks_own_is_a_clear_error(run_worker):
     proc = run_worker("--burst", env={RELAUNCHED_WORKER: "not a worker"})
     assert proc.returncode == 1
@@ -122,10 +134,17 @@ def forking_here() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
+# Forking a test process that has threads (the suite's) makes Python warn; these children
+# only return a number, touching no lock.
+FORK_WARNING = "ignore:This process .* is multi-threaded:DeprecationWarning"
+
+
+@pytest.mark.filterwarnings(FORK_WARNING)
 def test_without_a_command_to_relaunch_the_django_process_watches_its_children(forking_here):
     assert supervise(3, lambda index: index + 4, restart=False) == 6  # the worst status
 
 
+@pytest.mark.filterwarnings(FORK_WARNING)
 def test_the_watch_in_this_process_restarts_a_failed_child_by_forking_again(forking_here, tmp_path):
     def fails_once(index: int) -> int:
         marker = tmp_path / f"ran-{index}"
@@ -138,6 +157,7 @@ def test_the_watch_in_this_process_restarts_a_failed_child_by_forking_again(fork
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ran-0", "ran-1"]
 
 
+@pytest.mark.filterwarnings(FORK_WARNING)
 def test_an_interpreter_that_cannot_be_run_again_leaves_the_watch_in_this_process(
     forking_here, monkeypatch, caplog
 ):

@@ -17,7 +17,6 @@ Imported by ``supervisor.py`` too, where the Django process watches its children
 from __future__ import annotations
 
 import contextlib
-import marshal
 import os
 import signal
 import sys
@@ -26,7 +25,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 # Small modules only: ``logging`` and ``json`` would add 3.3 MB to the lean supervisor's
-# private memory (so its restart line is written by hand, its state marshalled).
+# private memory (so its restart line is written by hand, its state as plain text).
 
 RESTART_DELAY_MAX = 30.0
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -87,10 +86,38 @@ class ChildWatch:
 def relaunch_payload(
     children: dict[int, int], *, restart: bool, command: Sequence[str], worker_ids: Sequence[str]
 ) -> str:
-    """What the Django process hands the lean supervisor (``SUPERVISOR_STATE``): marshalled
-    (the same interpreter reads it) and in hexadecimal (an environment variable is text)."""
-    state = (children, restart, list(command), list(worker_ids))
-    return marshal.dumps(state).hex()
+    """What the Django process hands the lean supervisor (``SUPERVISOR_STATE``), as four
+    lines of plain text (``read_payload`` reads them): whether to restart, the children
+    as ``pid:index``, then the command line and the worker ids, each string in hex (an
+    argument may hold any character an environment variable can)."""
+    return "\n".join(
+        [
+            "restart" if restart else "once",
+            " ".join(f"{pid}:{index}" for pid, index in children.items()),
+            " ".join(_hex(argument) for argument in command),
+            " ".join(_hex(worker_id) for worker_id in worker_ids),
+        ]
+    )
+
+
+def read_payload(payload: str) -> tuple[dict[int, int], bool, list[str], list[str]]:
+    """``relaunch_payload``'s text back as (children, restart, command, worker ids)."""
+    restart, children, command, worker_ids = payload.split("\n")
+    pairs = (child.split(":") for child in children.split())
+    return (
+        {int(pid): int(index) for pid, index in pairs},
+        restart == "restart",
+        [_unhex(argument) for argument in command.split()],
+        [_unhex(worker_id) for worker_id in worker_ids.split()],
+    )
+
+
+def _hex(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").hex()
+
+
+def _unhex(digits: str) -> str:
+    return bytes.fromhex(digits).decode("utf-8", "surrogateescape")
 
 
 def report_to_stderr(message: str) -> None:
@@ -105,6 +132,12 @@ def report_to_stderr(message: str) -> None:
     sys.stderr.flush()
 
 
+def lean_supervisor_runnable() -> bool:
+    """Whether this file can be run by path with ``sys.executable``: not in a frozen
+    application (whose executable is the application) nor from a zip archive."""
+    return not getattr(sys, "frozen", False) and os.path.isfile(__file__)
+
+
 def lean_supervisor_argv(worker_ids: Sequence[str]) -> list[str]:
     """This file run by the same interpreter, isolated (``-I``: no ``PYTHON*`` variables,
     no user site, nothing of the current directory on the path) and without ``site``
@@ -117,8 +150,7 @@ def main() -> int:
     """The lean supervisor: watch the children the Django process forked before it
     replaced itself with this one. Stop signals were blocked across the exec, so one
     that arrived meanwhile is pending and delivered here, once the handlers are set."""
-    state = marshal.loads(bytes.fromhex(os.environ.pop(SUPERVISOR_STATE)))
-    children, restart, command, worker_ids = state
+    children, restart, command, worker_ids = read_payload(os.environ.pop(SUPERVISOR_STATE))
     watch = ChildWatch(children)
 
     def relaunch(index: int) -> int:

@@ -16,7 +16,7 @@ from ...backend import DatabaseBackend
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS
 from ...conf import positive_int_problem, positive_seconds_problem
 from ...limits import WORKER_ID_MAX_LENGTH
-from ...worker.childwatch import RELAUNCHED_WORKER
+from ...worker.childwatch import RELAUNCHED_WORKER, lean_supervisor_runnable
 from ...worker.config import (
     WorkerConfig,
     WorkerConfigError,
@@ -263,7 +263,7 @@ class Command(BackendCommand):
     def _relaunch(self, worker_ids: list[str]) -> Relaunch | None:
         """How the lean supervisor restarts a worker: this command line again (as Django's
         runserver re-runs itself); None when this process is not the command's own."""
-        if not self.owns_the_process:
+        if not self.owns_the_process or not lean_supervisor_runnable():
             return None
         from django.utils.autoreload import get_child_arguments
 
