@@ -10,6 +10,7 @@ import gc
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +18,21 @@ import pytest
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import TaskRecord, WorkerRecord
-from django_tasks_plus.worker.childwatch import RELAUNCHED_WORKER, read_payload, relaunch_payload
+from django_tasks_plus.worker.childwatch import (
+    RELAUNCHED_WORKER,
+    ChildWatch,
+    read_payload,
+    relaunch_payload,
+)
 from django_tasks_plus.worker.supervisor import Relaunch, supervise
 from tests import tasks
 from tests.conftest import wait_for, worker_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# Forking a test process that has threads (the suite's) makes Python warn; the children
+# forked here only sleep or return a number, touching no lock.
+FORK_WARNING = "ignore:This process .* is multi-threaded:DeprecationWarning"
 
 
 def _pids(prefix: str) -> dict[str, int]:
@@ -113,6 +123,29 @@ def test_the_state_handed_to_the_lean_supervisor_reads_back_as_it_was_written():
     )
 
 
+@pytest.mark.filterwarnings(FORK_WARNING)
+def test_a_worker_that_cannot_be_restarted_leaves_the_watch_running_for_the_others():
+    failing, lasting = os.fork(), None
+    if failing == 0:
+        os._exit(3)
+    lasting = os.fork()
+    if lasting == 0:
+        time.sleep(1.0)
+        os._exit(0)
+    reports: list[str] = []
+
+    def program_gone(index: int) -> int:
+        raise FileNotFoundError(2, "No such file or directory", "/gone/python")
+
+    watch = ChildWatch({failing: 0, lasting: 1})
+    assert watch.run(program_gone, restart=True, report=reports.append) == 3
+    assert watch.children == {}  # it waited for the lasting one too
+    assert reports[1] == (
+        "Worker process 0 could not be restarted ([Errno 2] No such file or directory: "
+        "'/gone/python'); the others go on, and this supervisor will exit with 3."
+    )
+
+
 def test_a_relaunch_marker_that_is_not_runtasks_own_is_a_clear_error(run_worker):
     proc = run_worker("--burst", env={RELAUNCHED_WORKER: "not a worker"})
     assert proc.returncode == 1
@@ -132,11 +165,6 @@ def forking_here() -> Iterator[None]:
     gc.unfreeze()
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
-
-
-# Forking a test process that has threads (the suite's) makes Python warn; these children
-# only return a number, touching no lock.
-FORK_WARNING = "ignore:This process .* is multi-threaded:DeprecationWarning"
 
 
 @pytest.mark.filterwarnings(FORK_WARNING)

@@ -78,8 +78,16 @@ class ChildWatch:
                 f"restarting in {delay:.1f} s."
             )
             time.sleep(delay)
-            if not self.stopping:
+            if self.stopping:
+                continue
+            try:
                 self.children[spawn(index)] = index
+            except OSError as exc:  # no process to start (fork refused, program gone)
+                report(
+                    f"Worker process {index} could not be restarted ({exc}); the others "
+                    f"go on, and this supervisor will exit with {code}."
+                )
+                worst = max(worst, abs(code))
         return worst
 
 
