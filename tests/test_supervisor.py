@@ -58,7 +58,12 @@ def _start_two(start_worker, worker_id: str):  # type: ignore[no-untyped-def]
 
 def test_the_workers_run_under_a_supervisor_that_holds_no_django(start_worker):
     proc = _start_two(start_worker, "lean")
-    command = Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0")
+
+    def cmdline() -> list[str]:
+        return Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0")
+
+    wait_for(lambda: "-I" in cmdline(), timeout=30, seen=cmdline)  # the exec is done
+    command = cmdline()
     assert command[1:3] == ["-I", "-S"] and command[3].endswith("worker/childwatch.py")
     assert command[4:6] == ["lean-0", "lean-1"]  # what ps shows: the workers it watches
     workers = _pids("lean")
