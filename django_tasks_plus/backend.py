@@ -46,6 +46,7 @@ from .lifecycle import error_record
 from .metadata import decode_metadata, run_keys
 from .results import clone_results, make_result, result_from_record, unreadable_record
 from .retry import RetryPolicy
+from .signalbatch import send_each
 
 
 @dataclass(frozen=True)
@@ -239,8 +240,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
     def _announce_enqueued(self, results: Sequence[compat.TaskResult]) -> None:
         events.emit_enqueued(self.alias, results)  # first: a raising receiver cannot skip it
-        for result in results:
-            compat.task_enqueued.send(type(self), task_result=result)
+        send_each(compat.task_enqueued, type(self), "task_result", results)
 
     async def aenqueue_many(
         self, task: compat.Task, calls: Iterable[Any]
