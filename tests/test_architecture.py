@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "schedules",
         ),
     ),
-    ("enqueue and results", ("envelope", "results", "finished")),
+    ("enqueue and results", ("envelope", "results", "finished", "signalbatch")),
     (
         "definitions, settings and seams",
         ("definition", "conf", "discovery", "events", "middleware"),
