@@ -49,4 +49,4 @@ def _sync_receivers(signal: Signal, sender: Any) -> list[Any] | None:
     sync_receivers, async_receivers = found
     if async_receivers:
         return None
-    return list(sync_receivers)
+    return sync_receivers  # a list built for this call: no copy needed

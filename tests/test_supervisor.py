@@ -130,7 +130,7 @@ def test_the_state_handed_to_the_lean_supervisor_reads_back_as_it_was_written():
 
 @pytest.mark.filterwarnings(FORK_WARNING)
 def test_a_worker_that_cannot_be_restarted_leaves_the_watch_running_for_the_others():
-    failing, lasting = os.fork(), None
+    failing = os.fork()
     if failing == 0:
         os._exit(3)
     lasting = os.fork()

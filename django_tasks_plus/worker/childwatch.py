@@ -44,6 +44,13 @@ class ChildWatch:
         self.children: dict[int, int] = dict(children or {})
         self.stopping = False
 
+    def take_stop_signals(self) -> None:
+        """Handle SIGTERM/SIGINT with ``forward`` from now on, and let through any held
+        (blocked) until now: one that arrived meanwhile is delivered here."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.forward)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
     def forward(self, signum: int, frame: FrameType | None = None) -> None:
         """A stop signal: pass it on to every child, and restart none from now on."""
         self.stopping = True
@@ -165,9 +172,7 @@ def main() -> int:
         env = {**os.environ, RELAUNCHED_WORKER: f"{index} {worker_ids[index]}"}
         return os.posix_spawn(command[0], command, env)
 
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, watch.forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    watch.take_stop_signals()
     return watch.run(relaunch, restart=restart, report=report_to_stderr)
 
 

@@ -57,8 +57,7 @@ def supervise(
     code. With ``relaunch``, this process becomes the lean supervisor and never returns."""
     watch = ChildWatch()
     if relaunch is None:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, watch.forward)
+        watch.take_stop_signals()
     else:
         # Held until the lean supervisor sets its handlers: a stop asked for in between
         # waits for it instead of killing this process and orphaning the children.
@@ -87,9 +86,7 @@ def supervise(
     if relaunch is not None:
         _become_lean(watch, relaunch, restart=restart)
         # Still here: the interpreter could not be run again. Watch from this process.
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, watch.forward)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        watch.take_stop_signals()
     return watch.run(spawn, restart=restart, report=logger.error)
 
 
