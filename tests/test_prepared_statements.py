@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db import dialect_for, worker_connection
@@ -154,20 +155,41 @@ def test_a_claim_whose_result_type_a_migration_changed_runs_unprepared(caplog): 
 
 
 def test_an_outcome_whose_prepared_statement_vanished_is_written_on_the_retry():
-    """Inside the outcome's transaction the statement cannot simply run again: the write
-    fails as a lost connection would (the reporter retries those), and the retry lands."""
-    first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    """Inside the outcome's transaction (a batch of two shapes of outcome, written by two
+    statements) the statement cannot simply run again: the write fails as a lost
+    connection would (the reporter retries those), and the retry lands."""
+    first, second, third = (tasks.add.enqueue(n, n) for n in range(3))
     claimed = {task.id: task for task in _claim()}
     success = Transition(TaskResultStatus.SUCCESSFUL, {"return_value": 3})
+    finished = {"return_value": 4, "finished_at": timezone.now()}
+    success_at = Transition(TaskResultStatus.SUCCESSFUL, finished)
     assert apply_transitions("default", [(claimed[first.id], success)]) == [True]
     assert any(text.startswith("UPDATE") for text in _prepared())
     _deallocate_behind_the_drivers_back()
+    batch = [(claimed[second.id], success), (claimed[third.id], success_at)]
     with pytest.raises(OperationalError, match="prepared statement"):
-        apply_transitions("default", [(claimed[second.id], success)])
-    assert TaskRecord.objects.get(id=second.id).status == "RUNNING"  # rolled back whole
+        apply_transitions("default", batch)
+    statuses = TaskRecord.objects.filter(id__in=[second.id, third.id]).values_list("status")
+    assert set(statuses) == {("RUNNING",)}  # rolled back whole
     assert not transaction.get_connection().in_atomic_block
-    assert apply_transitions("default", [(claimed[second.id], success)]) == [True]
-    assert TaskRecord.objects.get(id=second.id).status == "SUCCESSFUL"
+    assert apply_transitions("default", batch) == [True, True]
+    statuses = TaskRecord.objects.filter(id__in=[second.id, third.id]).values_list("status")
+    assert set(statuses) == {("SUCCESSFUL",)}
+    assert _prepared() == {}
+
+
+def test_a_one_statement_outcome_batch_whose_prepared_statement_vanished_lands_at_once():
+    """A batch one statement writes runs with no transaction around it (it is atomic on
+    its own), so the statement is simply run again unprepared."""
+    first, second, third = (tasks.add.enqueue(n, n) for n in range(3))
+    claimed = {task.id: task for task in _claim()}
+    success = Transition(TaskResultStatus.SUCCESSFUL, {"return_value": 3})
+    assert apply_transitions("default", [(claimed[first.id], success)]) == [True]
+    _deallocate_behind_the_drivers_back()
+    batch = [(claimed[second.id], success), (claimed[third.id], success)]
+    assert apply_transitions("default", batch) == [True, True]
+    statuses = TaskRecord.objects.filter(id__in=[second.id, third.id]).values_list("status")
+    assert set(statuses) == {("SUCCESSFUL",)}
     assert _prepared() == {}
 
 

@@ -487,6 +487,11 @@ class Dialect(ABC):
 
         return [apply_transition(connection.alias, task, outcome) for task, outcome in completions]
 
+    def outcomes_in_one_statement(self, completions: Sequence[Completion]) -> bool:
+        """Whether ``write_outcomes`` writes ``completions`` with one statement, which
+        then needs no transaction around it. Row by row: only a single outcome."""
+        return len(completions) == 1
+
     def renew_leases(
         self,
         connection: BaseDatabaseWrapper,

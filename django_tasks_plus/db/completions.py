@@ -3,7 +3,9 @@
 A worker finishing hundreds of tasks a second would otherwise pay one commit per task.
 The dialect writes the batch (``Dialect.write_outcomes``: on PostgreSQL one statement per
 group of outcomes that set the same columns, elsewhere one per row) and the whole batch
-commits once. Each row still lands only where its lease token matches.
+commits once (a batch written by one statement, with no hook to run, commits as that
+statement: no transaction is opened around it). Each row still lands only where its
+lease token matches.
 
 The registered outcome hooks (``extensions.outcome_hooks``) run in the same transaction,
 after the writes, with the outcomes that landed: a feature's bookkeeping (a group's
@@ -33,8 +35,12 @@ def apply_transitions(database: str, completions: Sequence[Completion]) -> list[
     if not completions:
         return []
     connection = connections[database]
+    dialect = dialect_for(connection)
+    if not outcome_hooks and dialect.outcomes_in_one_statement(completions):
+        # One statement is atomic on its own: no BEGIN and COMMIT round trips around it.
+        return dialect.write_outcomes(connection, completions)
     with transaction.atomic(using=database):
-        landed = dialect_for(connection).write_outcomes(connection, completions)
+        landed = dialect.write_outcomes(connection, completions)
         if outcome_hooks:
             written = [
                 WrittenOutcome(claimed, outcome)

@@ -311,6 +311,14 @@ class PostgreSQLDialect(Dialect):
         # The last column is the claim's time by the database clock (last_attempted_at).
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
 
+    def outcomes_in_one_statement(self, completions: Sequence[Completion]) -> bool:
+        """One ``UPDATE_OUTCOMES`` when every outcome sets the same columns (a batch of
+        successes: the common case)."""
+        if not completions:
+            return False
+        columns = completions[0][1].values.keys()
+        return all(outcome.values.keys() == columns for _, outcome in completions)
+
     def write_outcomes(
         self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]
     ) -> list[bool]:
