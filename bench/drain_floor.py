@@ -13,8 +13,9 @@ database is on this host), medians of ``--runs``.
 
     python bench/drain_floor.py --db-prefix floor --tasks 20000 --runs 3
 
-A rate the floor cannot beat is one no change to the worker's Python can beat either;
-its backend CPU per task against the bare loop's is what our schema and writes cost.
+No change to the worker's Python can make the drain faster than this floor; its backend
+CPU per task (against the bare loop's, which ``account.py`` measures) is what our schema
+and writes cost PostgreSQL.
 """
 
 from __future__ import annotations
@@ -53,11 +54,15 @@ def _django(database: str) -> None:
     django.setup()
 
 
-def fill(database: str, tasks: int) -> None:
-    """A fresh database with ``tasks`` READY tasks queued as ``enqueue_many`` queues them."""
+def _fresh_database(database: str) -> None:
     with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{database}"')
+
+
+def fill(database: str, tasks: int) -> None:
+    """A fresh database with ``tasks`` READY tasks queued as ``enqueue_many`` queues them."""
+    _fresh_database(database)
     _django(database)
     from django.core.management import call_command
 
@@ -160,9 +165,7 @@ def floor_drain(database: str, tasks: int, processes: int, batch: int) -> dict[s
 
 def bare_drain(database: str, tasks: int, processes: int, batch: int) -> float:
     """``baseline.py``'s loop on its own table, tasks per second (the same run's yardstick)."""
-    with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{database}"')
+    _fresh_database(database)
     return baseline.claim_drain(f"{SERVER}/{database}", tasks, processes, batch)["rate"]
 
 
