@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..extensions import claim_conditions
-from ..lifecycle import ClaimedTask
+from ..lifecycle import ClaimedTask, Transition
 from . import sql
 from .base import (
     NOTIFY_CHANNEL,
@@ -312,12 +312,9 @@ class PostgreSQLDialect(Dialect):
         return sort_claimed([claimed_from_row(row[:-1], row[-1]) for row in rows])
 
     def outcomes_in_one_statement(self, completions: Sequence[Completion]) -> bool:
-        """One ``UPDATE_OUTCOMES`` when every outcome sets the same columns (a batch of
-        successes: the common case)."""
-        if not completions:
-            return False
-        columns = completions[0][1].values.keys()
-        return all(outcome.values.keys() == columns for _, outcome in completions)
+        """One ``UPDATE_OUTCOMES`` when every outcome has the same ``_statement_columns``
+        (a batch of successes: the common case)."""
+        return len({_statement_columns(outcome) for _, outcome in completions}) == 1
 
     def write_outcomes(
         self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]
@@ -325,7 +322,7 @@ class PostgreSQLDialect(Dialect):
         """One ``UPDATE_OUTCOMES`` per set of columns the outcomes set."""
         groups: dict[tuple[str, ...], list[Completion]] = {}
         for claimed, outcome in completions:
-            groups.setdefault(tuple(sorted(outcome.values)), []).append((claimed, outcome))
+            groups.setdefault(_statement_columns(outcome), []).append((claimed, outcome))
         landed: set[str] = set()
         for names, members in groups.items():
             records = _records(names, members, connection.timezone_name)
@@ -384,6 +381,13 @@ class PostgreSQLDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(RESET_WORKER_TIMEOUTS)
         session.unbound()
+
+
+def _statement_columns(outcome: Transition) -> tuple[str, ...]:
+    """The columns ``outcome`` sets, in order: outcomes with the same ones share one
+    ``UPDATE_OUTCOMES`` (``write_outcomes``), which then needs no transaction around it
+    (``outcomes_in_one_statement``): one rule for both."""
+    return tuple(sorted(outcome.values))
 
 
 @lru_cache(maxsize=64)
