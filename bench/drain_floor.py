@@ -76,11 +76,6 @@ def fill(database: str, tasks: int) -> None:
         conn.execute("VACUUM ANALYZE django_tasks_plus_taskrecord")
 
 
-def _micros(moment: datetime) -> int:
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
 def _loop(database: str, batch: int, barrier: Any, queue: Any) -> None:
     """Claim and complete with our statements until nothing is left (one process)."""
     _django(database)
@@ -113,7 +108,7 @@ def _loop(database: str, batch: int, barrier: Any, queue: Any) -> None:
             rows = conn.execute(claim, params, prepare=True).fetchall()
             if not rows:
                 break
-            now = _micros(datetime.now(UTC))
+            now = postgresql._micros(datetime.now(UTC), "UTC")  # as the worker sends times
             records = [
                 {
                     "id": row[0],
