@@ -30,7 +30,7 @@ from django_tasks_plus.schedules.declared import declared
 from django_tasks_plus.schedules.feature import schedules_check
 from django_tasks_plus.schedules.store import fire_due, sync
 from testproject import settings as project_settings
-from tests import scheduled_tasks  # noqa: F401  (declares the code schedules)
+from tests import scheduled_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +53,16 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
+
+
+@pytest.fixture(autouse=True, scope="module")
+def code_schedules_declared() -> Iterator[None]:
+    """The code schedules of tests/scheduled_tasks.py, registered for this module's tests
+    only (in-process workers elsewhere in the suite must not fire them)."""
+    definition._scheduled.update(scheduled_tasks.TEST_SCHEDULES)
+    yield
+    for key in scheduled_tasks.TEST_SCHEDULES:
+        definition._scheduled.pop(key, None)
 
 
 @pytest.fixture
