@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from django_tasks_plus.models import WorkerRecord
 from tests import tasks
 from tests.conftest import MANAGE, wait_for, worker_env
 
@@ -78,6 +80,23 @@ def test_a_changed_python_file_restarts_the_worker(tmp_path, project, reloading)
     # The child stopped too: nothing of the process group is left.
     with pytest.raises(ProcessLookupError):
         os.killpg(reloading.pid, 0)
+
+
+def test_the_worker_stops_when_the_reloader_is_killed_outright(tmp_path, project, reloading):
+    wait_for(lambda: WorkerRecord.objects.exists(), timeout=60)
+    child = WorkerRecord.objects.get().pid
+    try:
+        os.kill(reloading.pid, signal.SIGKILL)  # the reloader only: nothing forwards a stop
+        reloading.wait(timeout=10)
+        # The worker finished as on SIGTERM: its row is gone with it.
+        wait_for(lambda: not WorkerRecord.objects.exists(), timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    assert (
+        f"[pid {child}] The supervisor that started this worker (pid {reloading.pid}) is gone"
+        in output(tmp_path)
+    )
 
 
 def test_reload_refuses_burst(tmp_path, project):

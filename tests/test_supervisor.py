@@ -6,6 +6,7 @@ run again) with real forks."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -20,6 +21,7 @@ from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from django_tasks_plus.worker.childwatch import (
     RELAUNCHED_WORKER,
+    SUPERVISOR_PID,
     ChildWatch,
     read_payload,
     relaunch_payload,
@@ -114,6 +116,60 @@ def test_a_stop_signal_to_the_supervisor_alone_stops_every_worker_gracefully(
     log = worker_log(tmp_path)
     for pid in workers.values():
         assert f"[pid {pid}] Received SIGTERM: finishing running tasks" in log
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie: the orphan's new parent (whatever this machine's init is) may
+    not reap it at once."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def test_workers_whose_supervisor_is_killed_outright_finish_their_tasks_and_stop(
+    start_worker, tmp_path
+):
+    proc = _start_two(start_worker, "orphan")
+    # One worker restarted by the lean supervisor (told its pid in its environment) and
+    # one forked before the exec (told directly).
+    dead = _pids("orphan")["orphan-1"]
+    os.kill(dead, signal.SIGKILL)
+    wait_for(lambda: _pids("orphan").get("orphan-1") not in (None, dead), 60)
+    workers = _pids("orphan")
+    try:
+        running = tasks.sleep_then_return.enqueue(2.0)
+        wait_for(lambda: running.refresh() or running.status == TaskResultStatus.RUNNING, 60)
+        os.kill(proc.pid, signal.SIGKILL)  # the supervisor only: nothing forwards a stop
+        proc.wait(timeout=10)
+        wait_for(
+            lambda: all(_exited(pid) for pid in workers.values()),
+            timeout=60,
+            seen=lambda: {pid: _exited(pid) for pid in workers.values()},
+        )
+    finally:
+        for pid in workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    # As on SIGTERM: the running task finished and was recorded, each row removed.
+    running.refresh()
+    assert running.status == TaskResultStatus.SUCCESSFUL
+    assert running.return_value == 2.0
+    assert _pids("orphan") == {}
+    log = worker_log(tmp_path)
+    for pid in workers.values():
+        assert (
+            f"[pid {pid}] The supervisor that started this worker (pid {proc.pid}) is gone: "
+            "finishing running tasks" in log
+        )
+
+
+def test_a_supervisor_pid_that_is_not_runtasks_own_is_a_clear_error(run_worker):
+    proc = run_worker("--burst", env={SUPERVISOR_PID: "me"})
+    assert proc.returncode == 1
+    assert f"{SUPERVISOR_PID}='me' is not a process id" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_the_state_handed_to_the_lean_supervisor_reads_back_as_it_was_written():

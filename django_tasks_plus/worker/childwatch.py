@@ -32,6 +32,10 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 # Set in a restarted child's environment: "<index> <worker id>", the worker it replaces.
 RELAUNCHED_WORKER = "DJANGO_TASKS_PLUS_RELAUNCHED_WORKER"
+# Set in the environment of a worker started by a supervisor (a restarted child, the
+# ``--reload`` child): the supervisor's pid, so that the worker stops when it is gone
+# (``WorkerConfig.supervisor_pid``). Forked children are told directly.
+SUPERVISOR_PID = "DJANGO_TASKS_PLUS_SUPERVISOR_PID"
 # The lean supervisor's state (``relaunch_payload``), handed over in its environment and
 # taken out of it at once: its command line names only the workers (what ``ps`` shows).
 SUPERVISOR_STATE = "DJANGO_TASKS_PLUS_SUPERVISOR_STATE"
@@ -169,7 +173,11 @@ def main() -> int:
     watch = ChildWatch(children)
 
     def relaunch(index: int) -> int:
-        env = {**os.environ, RELAUNCHED_WORKER: f"{index} {worker_ids[index]}"}
+        env = {
+            **os.environ,
+            RELAUNCHED_WORKER: f"{index} {worker_ids[index]}",
+            SUPERVISOR_PID: str(os.getpid()),
+        }
         return os.posix_spawn(command[0], command, env)
 
     watch.take_stop_signals()

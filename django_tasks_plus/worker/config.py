@@ -111,6 +111,11 @@ class WorkerConfig:
     max_tasks: int | None = None
     log_each_task: bool = False
     listen: bool = True
+    # The process that started this worker and stops it (``runtasks --processes``'
+    # supervisor, ``--reload``'s reloader); None for a worker started on its own. Once
+    # this worker's parent is another process, that one was killed outright (nothing
+    # forwarded a stop signal), and the worker stops as SIGTERM would stop it.
+    supervisor_pid: int | None = None
 
     @classmethod
     def from_settings(

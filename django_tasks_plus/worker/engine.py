@@ -404,6 +404,9 @@ class Worker:
         backoff = PollBackoff(self.config.poll_interval, minimum)
         while not self.stopping.is_set():
             self.wakeup.clear()
+            if self._supervisor_gone():
+                self.request_stop()
+                return
             if not self.reporter.is_alive():
                 # Nothing could record outcomes any more: stop, and let the leases expire.
                 logger.critical("The outcome writer thread died; stopping this worker.")
@@ -431,6 +434,22 @@ class Worker:
                 if full and self._free_slots(self._capacity()) > 0:
                     continue
             self.wakeup.wait(backoff.next())
+
+    def _supervisor_gone(self) -> bool:
+        """Whether the supervisor that started this worker has died without stopping it
+        (killed outright: SIGKILL, the OOM killer), leaving it to a parent that will
+        neither stop nor restart it. One system call, made on every turn of the loop (at
+        least once per poll interval)."""
+        supervisor = self.config.supervisor_pid
+        if supervisor is None or os.getppid() == supervisor:
+            return False
+        logger.warning(
+            "The supervisor that started this worker (pid %d) is gone: finishing running "
+            "tasks (up to %.0f s), releasing the rest, as on SIGTERM.",
+            supervisor,
+            self.config.shutdown_timeout,
+        )
+        return True
 
     def _prefetch(self) -> int:
         """Tasks to hold beyond the threads: fixed, or sized by recent run times."""

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .childwatch import SUPERVISOR_PID
+
 logger = logging.getLogger("django_tasks_plus.worker")
 
 # Set in the child's environment, so that the child runs the worker itself.
@@ -91,7 +93,7 @@ class Reloader:
         self.stopping.set()
 
     def _start(self) -> None:
-        env = {**os.environ, CHILD_ENV: "1"}
+        env = {**os.environ, CHILD_ENV: "1", SUPERVISOR_PID: str(os.getpid())}
         self.child = subprocess.Popen(self.command, env=env)
         self.exit_noticed = False
 

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from argparse import ArgumentTypeError
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from ...backend import DatabaseBackend
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS
 from ...conf import positive_int_problem, positive_seconds_problem
 from ...limits import WORKER_ID_MAX_LENGTH
-from ...worker.childwatch import RELAUNCHED_WORKER, lean_supervisor_runnable
+from ...worker.childwatch import RELAUNCHED_WORKER, SUPERVISOR_PID, lean_supervisor_runnable
 from ...worker.config import (
     WorkerConfig,
     WorkerConfigError,
@@ -81,6 +82,22 @@ def _relaunched_worker() -> tuple[int, str] | None:
             "runtasks --processes for the workers it restarts, not by hand."
         )
     return int(index), worker_id
+
+
+def _supervisor_pid(relaunched: bool) -> int | None:
+    """The pid of the supervisor or reloader that started this process
+    (``childwatch.SUPERVISOR_PID``), taken out of the environment as the relaunch marker
+    is; a restarted worker whose supervisor did not name itself (one still running an
+    earlier release) takes its parent's."""
+    value = os.environ.pop(SUPERVISOR_PID, None)
+    if value is None:
+        return os.getppid() if relaunched else None
+    if not value.isdigit() or int(value) <= 1:
+        raise CommandError(
+            f"{SUPERVISOR_PID}={value!r} is not a process id; it is set by runtasks "
+            "--processes and --reload for the workers they start, not by hand."
+        )
+    return int(value)
 
 
 def _flag(error: WorkerConfigError) -> str:
@@ -202,6 +219,7 @@ class Command(BackendCommand):
         processes = options["processes"]
         worker_id = options["worker_id"]
         relaunched = _relaunched_worker()
+        supervisor_pid = _supervisor_pid(relaunched is not None)
         if relaunched is not None:  # one of --processes' workers, restarted on its own
             processes, worker_id = 1, relaunched[1]
         if worker_id is None:
@@ -234,17 +252,18 @@ class Command(BackendCommand):
             self._banner(backend, config, processes)
         sys.stdout.flush()
         if relaunched is not None:
-            code = _run_child(config, relaunched[0])
+            code = _run_child(replace(config, supervisor_pid=supervisor_pid), relaunched[0])
         elif processes == 1:
             try:
-                code = Worker(config).run()
+                code = Worker(replace(config, supervisor_pid=supervisor_pid)).run()
             except ServiceStartError as exc:
                 raise CommandError(str(exc)) from exc
         else:
             worker_ids = [f"{worker_id}-{index}" for index in range(processes)]
+            supervisor = os.getpid()  # this process, and the lean one it becomes
 
             def run_child(index: int) -> int:
-                child = WorkerConfig(**{**config.__dict__, "worker_id": worker_ids[index]})
+                child = replace(config, worker_id=worker_ids[index], supervisor_pid=supervisor)
                 return _run_child(child, index)
 
             prepare_to_fork(config)
