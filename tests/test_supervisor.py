@@ -172,6 +172,18 @@ def test_a_supervisor_pid_that_is_not_runtasks_own_is_a_clear_error(run_worker):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_worker_told_its_supervisor_is_init_accepts_it_and_stops_when_its_parent_is_not(
+    run_worker,
+):
+    """A supervisor that is a container's init has pid 1: a worker it restarts is told so.
+    This one's parent is the test process, as if pid 1 had died: it stops at once."""
+    tasks.add.enqueue(1, 1)
+    proc = run_worker("--worker-id", "told-1", env={SUPERVISOR_PID: "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "The supervisor that started this worker (pid 1) is gone" in proc.stderr
+    assert TaskRecord.objects.get().status == TaskResultStatus.READY  # it claimed nothing
+
+
 def test_the_state_handed_to_the_lean_supervisor_reads_back_as_it_was_written():
     command = [sys.executable, "manage.py", "runtasks", "--queue", "a b", "--worker-id", "é\t"]
     payload = relaunch_payload({41: 0, 42: 1}, restart=True, command=command, worker_ids=["x-0"])

@@ -92,7 +92,7 @@ def _supervisor_pid(relaunched: bool) -> int | None:
     value = os.environ.pop(SUPERVISOR_PID, None)
     if value is None:
         return os.getppid() if relaunched else None
-    if not value.isdigit() or int(value) <= 1:
+    if not value.isdigit() or int(value) < 1:  # 1: a supervisor that is a container's init
         raise CommandError(
             f"{SUPERVISOR_PID}={value!r} is not a process id; it is set by runtasks "
             "--processes and --reload for the workers they start, not by hand."
