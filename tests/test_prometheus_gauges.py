@@ -212,3 +212,73 @@ def test_the_scrape_reads_of_held_tasks_and_the_oldest_age_walk_indexes():
             plan = "\n".join(row[0] for row in cursor.fetchall())
         assert f"Seq Scan on {table}" not in plan, plan
         assert "dtp_task_breaker_idx" in plan or "dtp_task_claim_idx" in plan, plan
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL plans")
+def test_the_gauges_count_each_status_through_its_own_partial_index():
+    """READY, RUNNING and FAILED tasks are counted per queue, each status through a
+    partial index only its rows enter (0020 dropped the ``(status, queue_name)`` index,
+    which took an entry for every version of every task), never a sequential scan."""
+    tasks.add.enqueue_many([((n, n), {}) for n in range(20_000)])
+    now = timezone.now()
+    ids = list(TaskRecord.objects.order_by("id").values_list("pk", flat=True))
+    TaskRecord.objects.filter(pk__in=ids[:15_000]).update(
+        status=TaskResultStatus.SUCCESSFUL, finished_at=now
+    )
+    TaskRecord.objects.filter(pk__in=ids[15_000:16_000]).update(
+        status=TaskResultStatus.FAILED, finished_at=now
+    )
+    TaskRecord.objects.filter(pk__in=ids[16_000:16_010]).update(
+        status=TaskResultStatus.RUNNING, lease_expires_at=now + timedelta(minutes=1)
+    )
+    table = TaskRecord._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM ANALYZE {table}")
+    with CaptureQueriesContext(connection) as captured:
+        gauges = {gauge.queue: gauge for gauge in metrics.queue_gauges()}
+    default = gauges["default"]
+    assert (default.ready, default.running, default.dead) == (3_990, 10, 1_000)
+    indexes = {
+        "READY": ("dtp_task_claim_idx",),
+        "RUNNING": ("dtp_task_lease_idx", "dtp_task_one_running_per_key"),
+        "FAILED": ("dtp_task_dead_idx",),
+    }
+    for status, names in indexes.items():
+        [sql] = [
+            q["sql"]
+            for q in captured.captured_queries
+            if f"\"status\" = '{status}'" in q["sql"] and "GROUP BY" in q["sql"]
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert f"Seq Scan on {table}" not in plan, plan
+        assert any(name in plan for name in names), plan
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('dtp_task_status_queue_idx')")
+        assert cursor.fetchone() == (None,)
+
+
+def test_the_dead_letters_index_is_built_and_the_old_one_dropped_without_blocking_writes():
+    """0020 builds ``dtp_task_dead_idx`` and then drops the ``(status, queue_name)`` index,
+    CONCURRENTLY on PostgreSQL: a non-atomic migration of the concurrent operations; the
+    index it built is valid."""
+    from importlib import import_module
+
+    from django_tasks_plus.db.migration_operations import (
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    )
+
+    migration = import_module("django_tasks_plus.migrations.0020_task_dead_index").Migration
+    assert migration.atomic is False
+    assert [type(operation) for operation in migration.operations] == [
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    ]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = 'dtp_task_dead_idx'::regclass"
+            )
+            assert cursor.fetchone() == (True,)
