@@ -102,6 +102,31 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
             proc.wait(timeout=10)
 
 
+def assert_index_migration_runs_concurrently(migration: str, built: str) -> None:
+    """``migration`` (of this app) is non-atomic, made of the concurrent index operations
+    only, and the index ``built`` it left is valid (PostgreSQL: an interrupted
+    ``CREATE INDEX CONCURRENTLY`` leaves an invalid one behind)."""
+    from importlib import import_module
+
+    from django_tasks_plus.db.migration_operations import (
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    )
+
+    module = import_module(f"django_tasks_plus.migrations.{migration}")
+    assert module.Migration.atomic is False
+    assert [type(operation) for operation in module.Migration.operations] == [
+        AddIndexConcurrently,
+        RemoveIndexConcurrently,
+    ]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass", [built]
+            )
+            assert cursor.fetchone() == (True,)
+
+
 def claim_tasks(
     limit: int = 16,
     *,

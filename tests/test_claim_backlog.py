@@ -11,7 +11,11 @@ from django.db import connection
 
 from django_tasks_plus.db import dialect_for
 from django_tasks_plus.models import TaskRecord
-from tests.conftest import claim_tasks, idle_claim_parameters
+from tests.conftest import (
+    assert_index_migration_runs_concurrently,
+    claim_tasks,
+    idle_claim_parameters,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,27 +137,8 @@ def test_the_claim_reads_the_same_buffers_whatever_the_backlog(planning: str):
 
 
 def test_the_claim_index_is_built_without_blocking_writes():
-    """0012 builds the claim's index (and drops the old one) CONCURRENTLY on PostgreSQL:
-    a non-atomic migration of the concurrent operations; the index it built is valid."""
-    from importlib import import_module
-
-    from django_tasks_plus.db.migration_operations import (
-        AddIndexConcurrently,
-        RemoveIndexConcurrently,
-    )
-
-    migration = import_module("django_tasks_plus.migrations.0014_claim_index").Migration
-    assert migration.atomic is False
-    assert [type(operation) for operation in migration.operations] == [
-        AddIndexConcurrently,
-        RemoveIndexConcurrently,
-    ]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT indisvalid FROM pg_index WHERE indexrelid = 'dtp_task_claim_idx'::regclass"
-            )
-            assert cursor.fetchone() == (True,)
+    """0014 builds the claim's index (and drops the old one) CONCURRENTLY on PostgreSQL."""
+    assert_index_migration_runs_concurrently("0014_claim_index", "dtp_task_claim_idx")
 
 
 @pytest.mark.postgres
