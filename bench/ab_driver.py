@@ -51,6 +51,12 @@ def empty_tables() -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {tables}")
+    vacuum_tasks()
+
+
+def vacuum_tasks() -> None:
+    """``VACUUM ANALYZE`` the task table: fresh statistics and visibility before a run."""
+    with connection.cursor() as cursor:
         cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TaskRecord._meta.db_table)}")
 
 
@@ -230,8 +236,7 @@ def _steady(sampler: TreeCpuSampler, rows: list[tuple[Any, ...]]) -> dict[str, A
 def drain(args: argparse.Namespace) -> dict[str, Any]:
     empty_tables()
     enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
-    with connection.cursor() as cursor:
-        cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TaskRecord._meta.db_table)}")
+    vacuum_tasks()
     connection.close()  # the worker should not compete with an idle session
     wall, cpu, sampler = run_worker(args)
     rows = list(TaskRecord.objects.values_list("started_at", "finished_at", "worker_ids"))
@@ -278,8 +283,7 @@ def wal(args: argparse.Namespace) -> dict[str, Any]:
     before = _wal_start()
     enqueue_many(add, calls)
     bulk_bytes = _wal_position() - before
-    with connection.cursor() as cursor:
-        cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(TaskRecord._meta.db_table)}")
+    vacuum_tasks()
     before = _wal_start()
     connection.close()  # the worker should not compete with an idle session
     run_worker(args)

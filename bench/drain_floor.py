@@ -39,9 +39,10 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "testproject"), str(HERE)]
 
 import baseline  # noqa: E402
+from benchenv import PG_SERVER as SERVER  # noqa: E402
+from benchenv import recreate_database  # noqa: E402
 from cpuaccount import process_cpu  # noqa: E402
 
-SERVER = os.environ.get("BENCH_PG_SERVER", "postgresql://root@127.0.0.1:5432")
 SUCCESS_COLUMNS = ("finished_at", "last_attempted_at", "return_value", "started_at")
 
 
@@ -54,15 +55,9 @@ def _django(database: str) -> None:
     django.setup()
 
 
-def _fresh_database(database: str) -> None:
-    with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{database}"')
-
-
 def fill(database: str, tasks: int) -> None:
     """A fresh database with ``tasks`` READY tasks queued as ``enqueue_many`` queues them."""
-    _fresh_database(database)
+    recreate_database(database)
     _django(database)
     from django.core.management import call_command
 
@@ -160,7 +155,7 @@ def floor_drain(database: str, tasks: int, processes: int, batch: int) -> dict[s
 
 def bare_drain(database: str, tasks: int, processes: int, batch: int) -> float:
     """``baseline.py``'s loop on its own table, tasks per second (the same run's yardstick)."""
-    _fresh_database(database)
+    recreate_database(database)
     return baseline.claim_drain(f"{SERVER}/{database}", tasks, processes, batch)["rate"]
 
 

@@ -42,9 +42,13 @@ def _pids(prefix: str) -> dict[str, int]:
     return dict(rows.values_list("worker_id", "pid"))
 
 
-def _parent_of(pid: int) -> int:
+def _stat(pid: int) -> list[str]:
     # /proc/PID/stat: "pid (comm) state ppid …"; comm may hold spaces, so split after it.
-    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def _parent_of(pid: int) -> int:
+    return int(_stat(pid)[1])
 
 
 def _resident_kb(pid: int) -> int:
@@ -122,10 +126,9 @@ def _exited(pid: int) -> bool:
     """Gone, or a zombie: the orphan's new parent (whatever this machine's init is) may
     not reap it at once."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return _stat(pid)[0] == "Z"
     except FileNotFoundError:
         return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def test_workers_whose_supervisor_is_killed_outright_finish_their_tasks_and_stop(

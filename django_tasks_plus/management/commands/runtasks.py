@@ -246,16 +246,17 @@ class Command(BackendCommand):
             )
         except WorkerConfigError as exc:
             raise CommandError(_flag(exc)) from None
+        config = replace(config, supervisor_pid=supervisor_pid)
         if options.get("reload") and not is_reloaded_child():
             return self._reload(config)
         if verbosity >= 1 and relaunched is None:
             self._banner(backend, config, processes)
         sys.stdout.flush()
         if relaunched is not None:
-            code = _run_child(replace(config, supervisor_pid=supervisor_pid), relaunched[0])
+            code = _run_child(config, relaunched[0])
         elif processes == 1:
             try:
-                code = Worker(replace(config, supervisor_pid=supervisor_pid)).run()
+                code = Worker(config).run()
             except ServiceStartError as exc:
                 raise CommandError(str(exc)) from exc
         else:
