@@ -5,7 +5,7 @@ questions: how many more tasks may be claimed for the queues it governs (``capac
 which admitted task should start when a thread frees up (``next``).
 
 Doers are deliberately pure bookkeeping: no threads, locks, clocks, I/O or Django imports.
-The worker drives them from a single thread, which keeps them cheap and easy to test.
+The worker drives them under one lock, which keeps them cheap and easy to test.
 They live outside ``worker/`` because ``conf`` validates doer specs at settings time, and
 settings must not depend on the worker.
 """

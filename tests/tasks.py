@@ -824,3 +824,23 @@ GATE = threading.Event()  # tests in this process open it (test_claim_pacing)
 def wait_at_gate() -> bool:
     """Block until a test in this process opens ``GATE`` (at most 30 s)."""
     return GATE.wait(30)
+
+
+class Overlap:
+    """How many ``overlap_probe`` attempts ran at once in this process, at most."""
+
+    lock = threading.Lock()
+    running = 0
+    most = 0
+
+
+@task
+def overlap_probe() -> int:
+    """Count itself running for 20 ms (tests/test_task_threads.py reads ``Overlap``)."""
+    with Overlap.lock:
+        Overlap.running += 1
+        Overlap.most = max(Overlap.most, Overlap.running)
+    time.sleep(0.02)
+    with Overlap.lock:
+        Overlap.running -= 1
+    return threading.get_ident()

@@ -5,7 +5,12 @@ runs as worker services (``services.py``), started from one list by ``run()`` an
 by ``_shutdown()``: the reporter writes outcomes in batches (group commit), the heartbeat
 renews leases and reaps, on PostgreSQL a listener turns NOTIFY into wake-ups, and the
 leader election starts the singleton services (the worker-row pruner) on one worker per
-backend. Doers are only touched by the main thread, so they need no locks.
+backend.
+
+Doers are pure bookkeeping, touched under one lock: the main thread admits claimed tasks
+and starts them on free threads; a task thread that finishes a task tells its doer and
+starts the next waiting one itself, so a busy worker's claim loop turns once per batch of
+outcomes, not once per task.
 
 The process's bookkeeping uses two database sessions (``sessions.py``), whatever its
 services: the claim loop and the outcome writer take turns on one, every other service
@@ -19,7 +24,6 @@ import functools
 import importlib.metadata
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -183,10 +187,10 @@ class Worker:
         )
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
-        self._finished: queue.SimpleQueue[tuple[ClaimedTask, QueueGroup, float]] = (
-            queue.SimpleQueue()
-        )
-        self._run_seconds: float | None = None  # moving average; main thread only
+        # Guards the doers, the turn-taking cursor and the run-time average: the main
+        # thread and finishing task threads both start tasks.
+        self._doers_lock = threading.Lock()
+        self._run_seconds: float | None = None  # moving average, written under the lock
         # Keyed by (id, lease token): after a lost lease the same task may be claimed
         # again, and the old attempt settling must not end the new attempt's lease.
         self._leased: dict[Lease, ClaimedTask] = {}
@@ -411,7 +415,6 @@ class Worker:
                 # Nothing could record outcomes any more: stop, and let the leases expire.
                 logger.critical("The outcome writer thread died; stopping this worker.")
                 return
-            self._collect_finished()
             # Read before claiming: outcomes are written (a retry makes its task READY
             # again) before their lease leaves this set, so an empty set here means the
             # claim below saw every such task.
@@ -477,7 +480,8 @@ class Worker:
         free = self._free_slots(capacity)
         if free <= 0:
             return ClaimRound(0, False, False)
-        waiting = sum(group.doer.waiting for group in self.groups)
+        with self._doers_lock:
+            waiting = sum(group.doer.waiting for group in self.groups)
         if waiting and free < max(1, capacity // 2):
             # Work is still queued in-process: wait until a worthwhile batch is free
             # rather than paying one claim round trip per finished task.
@@ -491,7 +495,8 @@ class Worker:
         order = self.groups[offset:] + self.groups[:offset]
         for position, group in enumerate(order):
             share = -(-free // (len(order) - position))  # ceil: leftovers roll forward
-            wanted = group.doer.capacity(share)
+            with self._doers_lock:
+                wanted = group.doer.capacity(share)
             if wanted <= 0:
                 continue
             claim_began = time.perf_counter()
@@ -519,7 +524,8 @@ class Worker:
             with self._leased_lock:
                 for task in claimed:
                     self._leased[_lease(task)] = task
-            group.doer.admit(claimed)
+            with self._doers_lock:
+                group.doer.admit(claimed)
             self._claimed_total += len(claimed)
             free -= len(claimed)
             total += len(claimed)
@@ -547,27 +553,57 @@ class Worker:
 
     def _dispatch(self) -> None:
         """Start waiting tasks on free threads, taking turns between doers."""
-        running = sum(group.doer.running for group in self.groups)
-        idle_rounds = 0
-        while running < self.config.concurrency and idle_rounds < len(self.groups):
+        starts: list[tuple[ClaimedTask, QueueGroup]] = []
+        with self._doers_lock:
+            running = sum(group.doer.running for group in self.groups)
+            while running < self.config.concurrency:
+                start = self._next_waiting()
+                if start is None:
+                    break
+                starts.append(start)
+                running += 1
+        for task, group in starts:
+            self._pool.submit(partial(self._run_on_slot, task, group))
+
+    def _next_waiting(self) -> tuple[ClaimedTask, QueueGroup] | None:
+        """The next task to start, asking each doer in turn (a different one first each
+        time, so one busy queue group cannot starve the others); None when every doer
+        holds its tasks back or has none. Under the doers' lock."""
+        for _ in range(len(self.groups)):
             group = self.groups[self._group_cursor % len(self.groups)]
             self._group_cursor += 1
             task = group.doer.next()
-            if task is None:
-                idle_rounds += 1
-                continue
-            idle_rounds = 0
-            running += 1
-            self._pool.submit(partial(self._run_on_slot, task, group))
+            if task is not None:
+                return task, group
+        return None
 
     def _run_on_slot(self, task: ClaimedTask, group: QueueGroup) -> None:
         began = time.perf_counter()
         try:
             self.runner.run(task)
         finally:
-            # The thread is free again; the lease ends when the outcome is written.
-            self._finished.put((task, group, time.perf_counter() - began))
+            # The thread is free again (the lease ends when the outcome is written): it
+            # starts the next waiting task itself, queued behind any follow-up jobs
+            # (task_finished sends), instead of waking the claim loop to do it.
+            self._start_next(task, group, time.perf_counter() - began)
+
+    def _start_next(self, task: ClaimedTask, group: QueueGroup, seconds: float) -> None:
+        """Task thread: tell the doer ``task`` is done and start the next waiting task;
+        wake the claim loop only when none could start (a thread is free to claim for)."""
+        with self._doers_lock:
+            group.doer.finished(task)
+            average = self._run_seconds
+            self._run_seconds = (
+                seconds if average is None else average + RUN_TIME_SMOOTHING * (seconds - average)
+            )
+            start = None if self.stopping.is_set() else self._next_waiting()
+        if start is None:
             self.wakeup.set()
+            return
+        # RuntimeError: shut down past its deadline since the check above; the task is
+        # counted with the abandoned ones, and its lease expires as theirs do.
+        with contextlib.suppress(RuntimeError):
+            self._pool.submit(partial(self._run_on_slot, *start))
 
     def _on_written(self, task: ClaimedTask) -> None:
         """Reporter thread: the attempt's outcome is written (or refused); its lease is over."""
@@ -583,18 +619,6 @@ class Worker:
             self._pool.submit(job)
         except RuntimeError:  # the pool is shutting down: run it here instead
             job()
-
-    def _collect_finished(self) -> None:
-        while True:
-            try:
-                task, group, seconds = self._finished.get_nowait()
-            except queue.Empty:
-                return
-            group.doer.finished(task)
-            average = self._run_seconds
-            self._run_seconds = (
-                seconds if average is None else average + RUN_TIME_SMOOTHING * (seconds - average)
-            )
 
     # -- leases -------------------------------------------------------------------------
 
@@ -625,14 +649,14 @@ class Worker:
     def _shutdown(self) -> int:
         """Release unstarted claims, let running tasks finish; return how many were abandoned."""
         self.stopping.set()
-        for group in self.groups:
-            for task in group.doer.drain():
-                self._release(task)
-                with self._leased_lock:
-                    self._leased.pop(_lease(task), None)
+        with self._doers_lock:  # no task thread starts another from here on
+            unstarted = [task for group in self.groups for task in group.doer.drain()]
+        for task in unstarted:
+            self._release(task)
+            with self._leased_lock:
+                self._leased.pop(_lease(task), None)
         deadline = time.monotonic() + self.config.shutdown_timeout
         while True:
-            self._collect_finished()
             if not self._leased or time.monotonic() >= deadline:
                 break
             self.wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
