@@ -505,6 +505,10 @@ def in_loop(frames: list[str]) -> bool:
 
 
 def not_startup(frames: list[str]) -> bool:
+    # The supervisor's own frame as the leaf is its collect, freeze and fork before the
+    # children start: start-up, though the children's stacks hold the frame too.
+    if frames[-1].startswith("supervise ("):
+        return False
     return not any(marker in frame for frame in frames for marker in STARTUP)
 
 
