@@ -1,10 +1,13 @@
 """Task threads start the next waiting task themselves (``Worker._start_next``): a busy
 worker's claim loop turns once per batch of outcomes, not once per task (a fifth more
-drained tasks a second, docs/performance.md). The doers still govern every start."""
+drained tasks a second, docs/performance.md). The doers still govern every start, and
+after a stop no thread starts another waiting task."""
 
 from __future__ import annotations
 
+import signal
 import threading
+from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -12,10 +15,12 @@ import pytest
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.doers import make_doer
+from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.config import WorkerConfig
 from django_tasks_plus.worker.engine import QueueGroup, Worker
 from django_tasks_plus.worker.slots import Slots
 from tests import tasks
+from tests.conftest import wait_for, worker_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,3 +74,31 @@ def test_a_doers_limit_holds_when_task_threads_start_tasks(limit: int) -> None:
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
     assert tasks.Overlap.most == limit  # never more, and the threads were used up to it
+
+
+def test_a_stop_lets_no_task_thread_start_another_waiting_task(start_worker, markers, tmp_path):
+    results = [tasks.sleep_then_return.enqueue(0.2 + n / 1000) for n in range(40)]
+    worker = start_worker(
+        "--worker-id", "stopping", "--queue", "slow", "--concurrency", "4", "--prefetch", "36"
+    )
+    wait_for(lambda: len(list(markers.glob("sleeping-*"))) >= 6)
+    started_before_stop = len(list(markers.glob("sleeping-*")))
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker_log(tmp_path)
+
+    statuses: Counter[str] = Counter()
+    for result in results:
+        result.refresh()
+        statuses[result.status] += 1
+        if result.status == TaskResultStatus.READY:
+            assert TaskRecord.objects.get(pk=result.id).attempt == 0  # handed back unstarted
+    assert set(statuses) <= {TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY}, statuses
+    # What ran: the tasks started before the stop, and a few more (a thread starts one a
+    # fifth of a second at most; these started between the count above and the signal,
+    # or were taken from the doer as it arrived). Had the task threads gone on taking
+    # from the doers after the stop (Worker._shutdown empties them under the lock the
+    # threads take from them under), every claimed task would have run: about 40.
+    ran = statuses[TaskResultStatus.SUCCESSFUL]
+    assert ran == len(list(markers.glob("sleeping-*")))
+    assert started_before_stop <= ran <= started_before_stop + 8, (started_before_stop, ran)
+    assert statuses[TaskResultStatus.READY] == 40 - ran
