@@ -37,6 +37,7 @@ import psutil  # noqa: E402
 from benchenv import BackgroundSampler  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
+from django.db.models import Count, Q  # noqa: E402
 
 from django_tasks_plus import enqueue_many  # noqa: E402
 from django_tasks_plus.models import TaskRecord, WorkerRecord  # noqa: E402
@@ -233,16 +234,24 @@ def _steady(sampler: TreeCpuSampler, rows: list[tuple[Any, ...]]) -> dict[str, A
     }
 
 
+def check_drained(tasks: int, what: str) -> None:
+    """Raise unless the table holds exactly ``tasks`` rows, every one SUCCESSFUL: a side
+    that lost or failed tasks must not report a figure."""
+    counts = TaskRecord.objects.aggregate(
+        rows=Count("pk"), done=Count("pk", filter=Q(status="SUCCESSFUL"))
+    )
+    if counts["done"] != tasks or counts["rows"] != tasks:
+        raise RuntimeError(f"{what} check failed: {counts['done']} of {tasks} successful")
+
+
 def drain(args: argparse.Namespace) -> dict[str, Any]:
     empty_tables()
     enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
     vacuum_tasks()
     connection.close()  # the worker should not compete with an idle session
     wall, cpu, sampler = run_worker(args)
+    check_drained(args.tasks, "drain")
     rows = list(TaskRecord.objects.values_list("started_at", "finished_at", "worker_ids"))
-    done = TaskRecord.objects.filter(status="SUCCESSFUL").count()
-    if done != args.tasks or len(rows) != args.tasks:
-        raise RuntimeError(f"drain check failed: {done} of {args.tasks} successful")
     first = min(row[0] for row in rows)
     last = max(row[1] for row in rows)
     result = {
@@ -288,9 +297,7 @@ def wal(args: argparse.Namespace) -> dict[str, Any]:
     connection.close()  # the worker should not compete with an idle session
     run_worker(args)
     drain_bytes = _wal_position() - before
-    done = TaskRecord.objects.filter(status="SUCCESSFUL").count()
-    if done != args.tasks:
-        raise RuntimeError(f"wal drain check failed: {done} of {args.tasks} successful")
+    check_drained(args.tasks, "wal drain")
     return {
         "bulk_wal_bytes_per_task": bulk_bytes / args.tasks,
         "drain_wal_bytes_per_task": drain_bytes / args.tasks,
