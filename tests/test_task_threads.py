@@ -40,25 +40,19 @@ def starters(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return names
 
 
-def _drain(worker: Worker) -> None:
-    thread = threading.Thread(target=worker.run, name="claim-loop", daemon=True)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive()
-
-
 def test_a_finishing_task_thread_starts_the_next_waiting_task(starters):
     results = [tasks.add.enqueue(n, n) for n in range(6)]
-    # One thread and room for all six in one claim: the claim loop starts the first, and
-    # each task's thread starts the one after it.
-    _drain(Worker(WorkerConfig.from_settings("default", concurrency=1, prefetch=8, burst=True)))
+    # One thread and room for all six in one claim: the claim loop (this thread) starts
+    # the first, and each task's thread starts the one after it.
+    worker = Worker(WorkerConfig.from_settings("default", concurrency=1, prefetch=8, burst=True))
+    assert worker.run() == 0
 
     for n, result in enumerate(results):
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.return_value == 2 * n
     assert len(starters) == 6
-    assert starters[0] == "claim-loop"
+    assert starters[0] == threading.current_thread().name
     assert starters[1:] == ["tasks-slot_0"] * 5
 
 
@@ -68,7 +62,7 @@ def test_a_doers_limit_holds_when_task_threads_start_tasks(limit: int) -> None:
     results = [tasks.overlap_probe.enqueue() for _ in range(12)]
     worker = Worker(WorkerConfig.from_settings("default", concurrency=4, prefetch=8, burst=True))
     worker.groups = [QueueGroup(make_doer({"limit": limit}), ("default",))]
-    _drain(worker)
+    assert worker.run() == 0
 
     for result in results:
         result.refresh()
