@@ -11,6 +11,7 @@ import collections
 import datetime as dt
 import decimal
 import enum
+import json
 import math
 import uuid
 import zoneinfo
@@ -377,6 +378,34 @@ def test_encode_call_stores_a_list_and_a_dict():
 
 def test_loads_none():
     assert loads(None) is None
+
+
+# Texts that stored columns may hold: JSON as enqueue writes it, and what a hostile or
+# hand-edited row could hold (whitespace, a BOM, trailing data, NaN, huge numbers, lone
+# surrogates, malformed text).
+stored_texts = st.one_of(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=8,
+    ).map(json.dumps),
+    st.text(alphabet=' \t\n\ufeff[]{}",:0123456789.eE+-NaInfityrulsx\\ud800', max_size=12),
+)
+
+
+@given(stored_texts, st.sampled_from(["", " ", "\n", "\ufeff"]), st.sampled_from(["", " ", "x"]))
+def test_loads_reads_stored_text_exactly_as_json_loads(text, before, after):
+    """``loads`` calls json's scanner directly for speed; its value, or its error, is
+    ``json.loads``'s for every text."""
+    text = before + text + after
+
+    def outcome(parse):
+        try:
+            return ("value", repr(parse(text)))
+        except ValueError as exc:
+            return (type(exc).__name__, str(exc))
+
+    assert outcome(loads) == outcome(json.loads)
 
 
 def test_dumps_is_compact_and_keeps_unicode():
