@@ -177,10 +177,12 @@ class TaskRecord(models.Model):
         ]
         constraints = [
             # The database itself refuses a second running task for one ordering key.
+            # Only keyed tasks: an unkeyed running task would add an entry (and its WAL)
+            # at every claim that nothing ever looks up.
             models.UniqueConstraint(
                 fields=["backend_name", "ordering_key"],
-                condition=Q(status="RUNNING"),
-                name="dtp_task_one_running_per_key",
+                condition=Q(status="RUNNING", ordering_key__isnull=False),
+                name="dtp_task_one_running_key",
             ),
         ]
 

@@ -102,23 +102,30 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
             proc.wait(timeout=10)
 
 
-def assert_index_migration_runs_concurrently(migration: str, built: str) -> None:
+def assert_index_migration_runs_concurrently(
+    migration: str, built: str, *, constraint: bool = False
+) -> None:
     """``migration`` (of this app) is non-atomic, made of the concurrent index operations
-    only, and the index ``built`` it left is valid (PostgreSQL: an interrupted
-    ``CREATE INDEX CONCURRENTLY`` leaves an invalid one behind)."""
+    only (``constraint``: of a unique constraint with a condition), and the index
+    ``built`` it left is valid (PostgreSQL: an interrupted ``CREATE INDEX CONCURRENTLY``
+    leaves an invalid one behind)."""
     from importlib import import_module
 
     from django_tasks_plus.db.migration_operations import (
+        AddConstraintConcurrently,
         AddIndexConcurrently,
+        RemoveConstraintConcurrently,
         RemoveIndexConcurrently,
     )
 
     module = import_module(f"django_tasks_plus.migrations.{migration}")
     assert module.Migration.atomic is False
-    assert [type(operation) for operation in module.Migration.operations] == [
-        AddIndexConcurrently,
-        RemoveIndexConcurrently,
-    ]
+    expected = (
+        [AddConstraintConcurrently, RemoveConstraintConcurrently]
+        if constraint
+        else [AddIndexConcurrently, RemoveIndexConcurrently]
+    )
+    assert [type(operation) for operation in module.Migration.operations] == expected
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(

@@ -26,7 +26,7 @@ from django_tasks_plus import (
 from django_tasks_plus.compat import task_enqueued
 from django_tasks_plus.models import DedupKey, TaskRecord
 from tests import tasks
-from tests.conftest import wait_for
+from tests.conftest import assert_index_migration_runs_concurrently, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -320,6 +320,47 @@ def test_ordering_across_four_processes(run_worker, steps):
 
 
 # -- schemas -----------------------------------------------------------------------------
+
+
+def test_the_database_holds_one_running_task_per_key_and_indexes_keyed_tasks_only():
+    """The unique index behind the claim's one-running-per-key rule refuses a second
+    running task of a key, and takes no entry for running tasks without a key (0021: one
+    index entry less per claim), built and swapped concurrently on PostgreSQL."""
+    from django.db import IntegrityError
+
+    now = timezone.now()
+
+    def running(key: str | None) -> TaskRecord:
+        return TaskRecord.objects.create(
+            task_path="tests.tasks.add",
+            queue_name="default",
+            run_after=now,
+            enqueued_at=now,
+            status=TaskResultStatus.RUNNING,
+            ordering_key=key,
+        )
+
+    running(None)
+    running(None)  # any number of unkeyed tasks run at once
+    running("k")
+    running("other")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        running("k")
+    assert TaskRecord.objects.filter(ordering_key="k").count() == 1
+    assert_index_migration_runs_concurrently(
+        "0021_one_running_key", "dtp_task_one_running_key", constraint=True
+    )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_get_indexdef(indexrelid) FROM pg_index "
+                "WHERE indexrelid = 'dtp_task_one_running_key'::regclass"
+            )
+            (definition,) = cursor.fetchone()
+            cursor.execute("SELECT to_regclass('dtp_task_one_running_per_key')")
+            assert cursor.fetchone() == (None,)
+        assert "UNIQUE" in definition
+        assert "ordering_key IS NOT NULL" in definition, definition
 
 
 def test_schema_validates_at_enqueue():

@@ -241,7 +241,7 @@ def test_the_gauges_count_each_status_through_its_own_partial_index():
     assert (default.ready, default.running, default.dead) == (3_990, 10, 1_000)
     indexes = {
         "READY": ("dtp_task_claim_idx",),
-        "RUNNING": ("dtp_task_lease_idx", "dtp_task_one_running_per_key"),
+        "RUNNING": ("dtp_task_lease_idx",),
         "FAILED": ("dtp_task_dead_idx",),
     }
     for status, names in indexes.items():

@@ -1,16 +1,18 @@
 """Index operations that do not stop writes to a big table while they run.
 
-On PostgreSQL they build and drop indexes ``CONCURRENTLY`` (no lock that blocks enqueues,
+On PostgreSQL they build and drop indexes (and unique constraints with a condition, which
+PostgreSQL keeps as unique partial indexes) ``CONCURRENTLY`` (no lock that blocks enqueues,
 claims or outcomes, only a wait for transactions already open); other databases add and
-remove them as ``AddIndex``/``RemoveIndex`` do. ``CONCURRENTLY`` cannot run inside a
-transaction, so a migration using them sets ``atomic = False``.
+remove them as ``AddIndex``/``RemoveIndex`` (and ``AddConstraint``/``RemoveConstraint``)
+do. ``CONCURRENTLY`` cannot run inside a transaction, so a migration using them sets
+``atomic = False``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 def _concurrently(schema_editor: Any) -> bool:
@@ -79,3 +81,88 @@ class RemoveIndexConcurrently(migrations.RemoveIndex):
             schema_editor.add_index(model, index, concurrently=True)
         else:
             schema_editor.add_index(model, index)
+
+
+def _unique_index(constraint: Any) -> Any:
+    """A ``UniqueConstraint`` with a condition: what PostgreSQL builds as a unique partial
+    index, and so can build and drop concurrently (a plain one is a table constraint)."""
+    if not isinstance(constraint, models.UniqueConstraint) or constraint.condition is None:
+        raise TypeError(
+            f"{constraint!r}: only a UniqueConstraint with a condition is built as an "
+            "index, and so concurrently; use AddConstraint for other constraints."
+        )
+    return constraint
+
+
+def _create_concurrently(constraint: Any, model: Any, schema_editor: Any) -> None:
+    statement = constraint.create_sql(model, schema_editor)
+    plain = "CREATE UNIQUE INDEX "
+    if not str(statement.template).startswith(plain):
+        raise RuntimeError(f"Cannot build {constraint.name!r} concurrently: {statement}")
+    statement.template = "CREATE UNIQUE INDEX CONCURRENTLY " + statement.template[len(plain) :]
+    schema_editor.execute(statement, params=None)
+
+
+def _drop_concurrently(name: str, schema_editor: Any) -> None:
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+
+
+class AddConstraintConcurrently(migrations.AddConstraint):
+    """``AddConstraint`` of a unique constraint with a condition, built concurrently as
+    the unique partial index it is on PostgreSQL."""
+
+    def __init__(self, model_name: str, constraint: Any) -> None:
+        super().__init__(model_name, _unique_index(constraint))
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        if _concurrently(schema_editor):
+            _create_concurrently(self.constraint, model, schema_editor)
+        else:
+            schema_editor.add_constraint(model, self.constraint)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        if _concurrently(schema_editor):
+            _drop_concurrently(self.constraint.name, schema_editor)
+        else:
+            schema_editor.remove_constraint(model, self.constraint)
+
+
+class RemoveConstraintConcurrently(migrations.RemoveConstraint):
+    """``RemoveConstraint`` of a unique constraint with a condition, dropped concurrently
+    on PostgreSQL."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        state = from_state.models[app_label, self.model_name_lower]
+        constraint = _unique_index(state.get_constraint_by_name(self.name))
+        if _concurrently(schema_editor):
+            _drop_concurrently(constraint.name, schema_editor)
+        else:
+            schema_editor.remove_constraint(model, constraint)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        state = to_state.models[app_label, self.model_name_lower]
+        constraint = _unique_index(state.get_constraint_by_name(self.name))
+        if _concurrently(schema_editor):
+            _create_concurrently(constraint, model, schema_editor)
+        else:
+            schema_editor.add_constraint(model, constraint)

@@ -47,7 +47,7 @@ CLAIM_COLUMNS = (
 # A keyed candidate may run only when no earlier task of its key is still pending (READY,
 # RUNNING, or dead-lettered under ordering_failure='block') and none of its key is running.
 # "Earlier" includes a row a concurrent claim has locked, so two workers never pick two
-# tasks of one key; the unique index dtp_task_one_running_per_key backs this up.
+# tasks of one key; the unique index dtp_task_one_running_key backs this up.
 ORDERING_HEAD = """(
         candidate.ordering_key IS NULL OR (
             NOT EXISTS (
