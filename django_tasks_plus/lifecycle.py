@@ -49,6 +49,7 @@ class ClaimedTask(NamedTuple):
     held_since: datetime | None = None  # when a middleware first held it back (a breaker)
     breaker_key: str | None = None  # "name/key" of the circuit breaker guarding it
     metadata: Any = None  # the parsed metadata column (``metadata.decode_metadata`` reads it)
+    stored_size: int = 0  # characters of the stored args and kwargs (sizes prefetch)
 
     @property
     def first_run(self) -> bool:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from django_tasks_plus.worker.config import WorkerConfig
 from django_tasks_plus.worker.engine import (
     MAX_ADAPTIVE_PREFETCH,
     PREFETCH_BUFFER_SECONDS,
+    PREFETCH_PAYLOAD_BUDGET,
+    Worker,
     adaptive_prefetch,
 )
+from tests import tasks
+from tests.conftest import claim_tasks
 
 
 def test_floor_until_a_run_time_is_known():
@@ -32,6 +37,45 @@ def test_the_floor_is_respected_and_the_cap_holds():
     assert adaptive_prefetch(4, 100, 0.002) == 200  # between the floor and the cap
     assert adaptive_prefetch(64, 100, 1.0) == 100
     assert adaptive_prefetch(1000, 0, 0.0001) == MAX_ADAPTIVE_PREFETCH
+
+
+@pytest.mark.parametrize(
+    ("payload_size", "expected"),
+    [
+        (None, MAX_ADAPTIVE_PREFETCH),  # no size known yet: by run time alone
+        (0, MAX_ADAPTIVE_PREFETCH),  # sizes the driver did not report
+        (100, MAX_ADAPTIVE_PREFETCH),  # small arguments: the budget does not bind
+        (1024 * 1024, PREFETCH_PAYLOAD_BUDGET // (1024 * 1024)),  # megabyte arguments
+        (PREFETCH_PAYLOAD_BUDGET * 2, 8),  # never below the floor
+    ],
+)
+def test_sized_by_the_stored_arguments_too(payload_size, expected):
+    assert adaptive_prefetch(8, 8, 0.00003, payload_size) == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimed_task_knows_the_size_of_its_stored_arguments():
+    tasks.echo.using(queue_name="default").enqueue("x" * 1000, key="y" * 500)
+    [claimed] = claim_tasks()
+    # The stored text: the argument and key, their quotes and the JSON around them.
+    assert 1_500 < claimed.stored_size < 1_540, claimed.stored_size
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_holds_fewer_tasks_with_big_arguments():
+    """After claiming tasks with 1 MB of arguments each, the worker's adaptive prefetch
+    holds no more than the budget's worth of them (it allowed the full cap before)."""
+    big = "x" * (1024 * 1024 - 100)
+    for _ in range(3):
+        tasks.echo.using(queue_name="default").enqueue(big)
+    worker = Worker(WorkerConfig.from_settings("default", concurrency=2, burst=True))
+    worker._run_seconds = 0.00003  # as after no-op tasks: by run time, the full cap
+    assert worker._prefetch() == MAX_ADAPTIVE_PREFETCH
+    assert worker.run() == 0
+    worker._run_seconds = 0.00003
+    assert worker._payload_size is not None
+    assert worker._payload_size == pytest.approx(1024 * 1024, rel=0.01)
+    assert worker._prefetch() == PREFETCH_PAYLOAD_BUDGET // (1024 * 1024)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -304,7 +304,13 @@ def claimed_from_row(row: Sequence[Any], claimed_at: datetime | None = None) -> 
         held_since=_as_datetime(held_since),
         breaker_key=breaker_key,
         metadata={} if metadata == "{}" else parse_column(metadata),
+        stored_size=_stored_length(args) + _stored_length(kwargs),
     )
+
+
+def _stored_length(value: Any) -> int:
+    """The length of a JSON column as it arrived (text), or 0 when the driver decoded it."""
+    return len(value) if isinstance(value, str | bytes) else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,7 +174,7 @@ class Command(BackendCommand):
             type=int,
             help="Tasks claimed beyond free threads, so claims come in batches "
             "(default: OPTIONS['PREFETCH'], else adaptive: from the concurrency up to "
-            "256 while tasks are short).",
+            "1024 while tasks are short).",
         )
         parser.add_argument(
             "--processes", type=_positive_int, default=1, help="Worker processes to fork."
