@@ -12,6 +12,7 @@ from django.db import connection
 from django_tasks_plus.db import dialect_for
 from django_tasks_plus.models import TaskRecord
 from tests.conftest import (
+    postgres_only,
     assert_index_migration_runs_concurrently,
     claim_tasks,
     idle_claim_parameters,
@@ -163,3 +164,71 @@ def test_the_worker_s_sessions_run_without_jit():
     finally:
         dialect_for(bounded).unbound_worker_statements(bounded)
     assert jit(bounded) == own
+
+
+@postgres_only
+def test_an_index_an_interrupted_build_left_invalid_is_built_again(caplog):
+    """A concurrent build stopped half-way leaves its index behind, invalid (here: a
+    unique build that met a duplicate); running the operation again drops it and builds
+    a valid one instead of failing on its name, for a unique constraint and an index."""
+    from django.db import IntegrityError, models
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    from django_tasks_plus.db.migration_operations import (
+        AddConstraintConcurrently,
+        AddIndexConcurrently,
+    )
+
+    name = "dtp_test_leftover"
+    now = timezone.now()
+    rows = [
+        TaskRecord.objects.create(
+            task_path="tests.tasks.add", queue_name="twice", run_after=now, enqueued_at=now
+        )
+        for _ in range(2)
+    ]
+    state = MigrationExecutor(connection).loader.project_state()
+
+    def run(operation: Any) -> None:
+        after = state.clone()
+        operation.state_forwards("django_tasks_plus", after)
+        with connection.schema_editor(atomic=False) as editor:
+            operation.database_forwards("django_tasks_plus", editor, state, after)
+
+    def valid() -> bool | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name]
+            )
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+
+    unique = AddConstraintConcurrently(
+        "taskrecord",
+        models.UniqueConstraint(
+            fields=["queue_name"], condition=models.Q(status="READY"), name=name
+        ),
+    )
+    try:
+        with pytest.raises(IntegrityError):
+            run(unique)
+        assert valid() is False  # the interrupted build's leftover
+        rows[1].delete()
+        run(unique)
+        assert valid() is True
+        assert f"Index '{name}' was left invalid" in caplog.text
+
+        with connection.cursor() as cursor:  # a leftover again, then a plain index
+            cursor.execute(f"DROP INDEX {name}")
+        TaskRecord.objects.create(
+            task_path="tests.tasks.add", queue_name="twice", run_after=now, enqueued_at=now
+        )
+        with pytest.raises(IntegrityError):
+            run(unique)
+        assert valid() is False
+        run(AddIndexConcurrently("taskrecord", models.Index(fields=["queue_name"], name=name)))
+        assert valid() is True
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP INDEX IF EXISTS {name}")

@@ -10,9 +10,12 @@ do. ``CONCURRENTLY`` cannot run inside a transaction, so a migration using them 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import migrations, models
+
+logger = logging.getLogger("django_tasks_plus")
 
 
 def _concurrently(schema_editor: Any) -> bool:
@@ -39,6 +42,7 @@ class AddIndexConcurrently(migrations.AddIndex):
         if not self.allow_migrate_model(schema_editor.connection.alias, model):
             return
         if _concurrently(schema_editor):
+            _drop_invalid_leftover(self.index.name, schema_editor)
             schema_editor.add_index(model, self.index, concurrently=True)
         else:
             schema_editor.add_index(model, self.index)
@@ -78,6 +82,7 @@ class RemoveIndexConcurrently(migrations.RemoveIndex):
             return
         index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
         if _concurrently(schema_editor):
+            _drop_invalid_leftover(index.name, schema_editor)
             schema_editor.add_index(model, index, concurrently=True)
         else:
             schema_editor.add_index(model, index)
@@ -95,6 +100,7 @@ def _unique_index(constraint: Any) -> Any:
 
 
 def _create_concurrently(constraint: Any, model: Any, schema_editor: Any) -> None:
+    _drop_invalid_leftover(constraint.name, schema_editor)
     statement = constraint.create_sql(model, schema_editor)
     plain = "CREATE UNIQUE INDEX "
     if not str(statement.template).startswith(plain):
@@ -105,6 +111,28 @@ def _create_concurrently(constraint: Any, model: Any, schema_editor: Any) -> Non
 
 def _drop_concurrently(name: str, schema_editor: Any) -> None:
     schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+
+
+def _drop_invalid_leftover(name: str, schema_editor: Any) -> None:
+    """Drop the invalid index ``name`` that an interrupted build left behind, if any.
+
+    A ``CREATE INDEX CONCURRENTLY`` stopped half-way (``migrate`` killed, a lost
+    connection, a duplicate found by a unique build) leaves its index in place, marked
+    invalid: it answers no query and enforces nothing, yet every write still updates it,
+    and running ``migrate`` again would fail on its name. Dropped first, the build starts
+    over. A valid index of that name is left alone (the build then fails as usual)."""
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(quote_ident(%s))",
+            [name],
+        )
+        row = cursor.fetchone()
+    if row is not None and row[0]:
+        logger.warning(
+            "Index %r was left invalid by an interrupted build; dropping it to build it again.",
+            name,
+        )
+        _drop_concurrently(name, schema_editor)
 
 
 class AddConstraintConcurrently(migrations.AddConstraint):
