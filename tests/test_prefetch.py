@@ -11,6 +11,7 @@ from django_tasks_plus.worker.engine import (
     PREFETCH_PAYLOAD_BUDGET,
     Worker,
     adaptive_prefetch,
+    payload_average,
 )
 from tests import tasks
 from tests.conftest import claim_tasks
@@ -51,6 +52,14 @@ def test_the_floor_is_respected_and_the_cap_holds():
 )
 def test_sized_by_the_stored_arguments_too(payload_size, expected):
     assert adaptive_prefetch(8, 8, 0.00003, payload_size) == expected
+
+
+def test_the_argument_size_follows_a_bigger_claim_at_once_and_a_smaller_one_slowly():
+    assert payload_average(None, 200.0) == 200.0
+    # Big tasks after small ones: the next claim is sized by them, not by the old average.
+    assert payload_average(200.0, 1_000_000.0) == 1_000_000.0
+    smaller = payload_average(1_000_000.0, 200.0)
+    assert 800_000 < smaller < 1_000_000  # one small claim does not undo the bound
 
 
 @pytest.mark.django_db(transaction=True)
