@@ -32,60 +32,42 @@ def _concurrently(schema_editor: Any) -> bool:
     return True
 
 
-class AddIndexConcurrently(migrations.AddIndex):
-    """``AddIndex``, built concurrently on PostgreSQL."""
-
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if _concurrently(schema_editor):
-            _drop_invalid_leftover(self.index.name, schema_editor)
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if _concurrently(schema_editor):
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+def _migrated_model(operation: Any, state: Any, app_label: str, schema_editor: Any) -> Any:
+    """The operation's model in ``state``, or None where this database does not migrate it
+    (a router's ``allow_migrate``)."""
+    model = state.apps.get_model(app_label, operation.model_name)
+    if not operation.allow_migrate_model(schema_editor.connection.alias, model):
+        return None
+    return model
 
 
-class RemoveIndexConcurrently(migrations.RemoveIndex):
-    """``RemoveIndex``, dropped concurrently on PostgreSQL."""
+def _add_index(index: Any, model: Any, schema_editor: Any) -> None:
+    if _concurrently(schema_editor):
+        _drop_invalid_leftover(index.name, schema_editor)
+        schema_editor.add_index(model, index, concurrently=True)
+    else:
+        schema_editor.add_index(model, index)
 
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if _concurrently(schema_editor):
-            schema_editor.remove_index(model, index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, index)
 
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if _concurrently(schema_editor):
-            _drop_invalid_leftover(index.name, schema_editor)
-            schema_editor.add_index(model, index, concurrently=True)
-        else:
-            schema_editor.add_index(model, index)
+def _remove_index(index: Any, model: Any, schema_editor: Any) -> None:
+    if _concurrently(schema_editor):
+        schema_editor.remove_index(model, index, concurrently=True)
+    else:
+        schema_editor.remove_index(model, index)
+
+
+def _add_unique_index(constraint: Any, model: Any, schema_editor: Any) -> None:
+    if _concurrently(schema_editor):
+        _create_concurrently(constraint, model, schema_editor)
+    else:
+        schema_editor.add_constraint(model, constraint)
+
+
+def _remove_unique_index(constraint: Any, model: Any, schema_editor: Any) -> None:
+    if _concurrently(schema_editor):
+        _drop_concurrently(constraint.name, schema_editor)
+    else:
+        schema_editor.remove_constraint(model, constraint)
 
 
 def _unique_index(constraint: Any) -> Any:
@@ -135,6 +117,41 @@ def _drop_invalid_leftover(name: str, schema_editor: Any) -> None:
         _drop_concurrently(name, schema_editor)
 
 
+class AddIndexConcurrently(migrations.AddIndex):
+    """``AddIndex``, built concurrently on PostgreSQL."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if (model := _migrated_model(self, to_state, app_label, schema_editor)) is not None:
+            _add_index(self.index, model, schema_editor)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if (model := _migrated_model(self, from_state, app_label, schema_editor)) is not None:
+            _remove_index(self.index, model, schema_editor)
+
+
+class RemoveIndexConcurrently(migrations.RemoveIndex):
+    """``RemoveIndex``, dropped concurrently on PostgreSQL."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if (model := _migrated_model(self, from_state, app_label, schema_editor)) is not None:
+            _remove_index(self._index(from_state, app_label), model, schema_editor)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if (model := _migrated_model(self, to_state, app_label, schema_editor)) is not None:
+            _add_index(self._index(to_state, app_label), model, schema_editor)
+
+    def _index(self, state: Any, app_label: str) -> Any:
+        return state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+
+
 class AddConstraintConcurrently(migrations.AddConstraint):
     """``AddConstraint`` of a unique constraint with a condition, built concurrently as
     the unique partial index it is on PostgreSQL."""
@@ -145,24 +162,14 @@ class AddConstraintConcurrently(migrations.AddConstraint):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if _concurrently(schema_editor):
-            _create_concurrently(self.constraint, model, schema_editor)
-        else:
-            schema_editor.add_constraint(model, self.constraint)
+        if (model := _migrated_model(self, to_state, app_label, schema_editor)) is not None:
+            _add_unique_index(self.constraint, model, schema_editor)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if _concurrently(schema_editor):
-            _drop_concurrently(self.constraint.name, schema_editor)
-        else:
-            schema_editor.remove_constraint(model, self.constraint)
+        if (model := _migrated_model(self, to_state, app_label, schema_editor)) is not None:
+            _remove_unique_index(self.constraint, model, schema_editor)
 
 
 class RemoveConstraintConcurrently(migrations.RemoveConstraint):
@@ -172,25 +179,15 @@ class RemoveConstraintConcurrently(migrations.RemoveConstraint):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        state = from_state.models[app_label, self.model_name_lower]
-        constraint = _unique_index(state.get_constraint_by_name(self.name))
-        if _concurrently(schema_editor):
-            _drop_concurrently(constraint.name, schema_editor)
-        else:
-            schema_editor.remove_constraint(model, constraint)
+        if (model := _migrated_model(self, to_state, app_label, schema_editor)) is not None:
+            _remove_unique_index(self._constraint(from_state, app_label), model, schema_editor)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        state = to_state.models[app_label, self.model_name_lower]
-        constraint = _unique_index(state.get_constraint_by_name(self.name))
-        if _concurrently(schema_editor):
-            _create_concurrently(constraint, model, schema_editor)
-        else:
-            schema_editor.add_constraint(model, constraint)
+        if (model := _migrated_model(self, to_state, app_label, schema_editor)) is not None:
+            _add_unique_index(self._constraint(to_state, app_label), model, schema_editor)
+
+    def _constraint(self, state: Any, app_label: str) -> Any:
+        model_state = state.models[app_label, self.model_name_lower]
+        return _unique_index(model_state.get_constraint_by_name(self.name))
