@@ -319,9 +319,6 @@ def test_ordering_across_four_processes(run_worker, steps):
     assert len(workers) == 4
 
 
-# -- schemas -----------------------------------------------------------------------------
-
-
 def test_the_database_holds_one_running_task_per_key_and_indexes_keyed_tasks_only():
     """The unique index behind the claim's one-running-per-key rule refuses a second
     running task of a key, and takes no entry for running tasks without a key (0021: one
@@ -361,6 +358,9 @@ def test_the_database_holds_one_running_task_per_key_and_indexes_keyed_tasks_onl
             assert cursor.fetchone() == (None,)
         assert "UNIQUE" in definition
         assert "ordering_key IS NOT NULL" in definition, definition
+
+
+# -- schemas -----------------------------------------------------------------------------
 
 
 def test_schema_validates_at_enqueue():
