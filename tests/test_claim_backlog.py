@@ -12,10 +12,10 @@ from django.db import connection
 from django_tasks_plus.db import dialect_for
 from django_tasks_plus.models import TaskRecord
 from tests.conftest import (
-    postgres_only,
     assert_index_migration_runs_concurrently,
     claim_tasks,
     idle_claim_parameters,
+    postgres_only,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
