@@ -58,6 +58,7 @@ def _remove_index(index: Any, model: Any, schema_editor: Any) -> None:
 
 def _add_unique_index(constraint: Any, model: Any, schema_editor: Any) -> None:
     if _concurrently(schema_editor):
+        _drop_invalid_leftover(constraint.name, schema_editor)
         _create_concurrently(constraint, model, schema_editor)
     else:
         schema_editor.add_constraint(model, constraint)
@@ -82,7 +83,6 @@ def _unique_index(constraint: Any) -> Any:
 
 
 def _create_concurrently(constraint: Any, model: Any, schema_editor: Any) -> None:
-    _drop_invalid_leftover(constraint.name, schema_editor)
     statement = constraint.create_sql(model, schema_editor)
     plain = "CREATE UNIQUE INDEX "
     if not str(statement.template).startswith(plain):

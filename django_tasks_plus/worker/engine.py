@@ -142,13 +142,17 @@ def adaptive_prefetch(
     return max(floor, min(MAX_ADAPTIVE_PREFETCH, int(wanted)))
 
 
+def smoothed(average: float | None, value: float) -> float:
+    """``average`` moved toward ``value`` by ``RUN_TIME_SMOOTHING`` (``value`` itself when
+    there is no average yet): the moving averages that size adaptive prefetch."""
+    return value if average is None else average + RUN_TIME_SMOOTHING * (value - average)
+
+
 def payload_average(average: float | None, size: float) -> float:
     """The stored-argument size adaptive prefetch plans with, after a claim whose tasks
     averaged ``size``: a bigger size at once (big tasks arriving after small ones must not
     be claimed a thousand at a time by the old average), a smaller one slowly."""
-    if average is None or size >= average:
-        return size
-    return average + RUN_TIME_SMOOTHING * (size - average)
+    return size if average is None or size >= average else smoothed(average, size)
 
 
 @dataclass
@@ -210,7 +214,7 @@ class Worker:
         # thread and finishing task threads both start tasks.
         self._doers_lock = threading.Lock()
         self._run_seconds: float | None = None  # moving average, written under the lock
-        self._payload_size: float | None = None  # moving average, the claim loop's own
+        self._payload_size: float | None = None  # payload_average's, the claim loop's own
         # Keyed by (id, lease token): after a lost lease the same task may be claimed
         # again, and the old attempt settling must not end the new attempt's lease.
         self._leased: dict[Lease, ClaimedTask] = {}
@@ -622,10 +626,7 @@ class Worker:
         wake the claim loop only when none could start (a thread is free to claim for)."""
         with self._doers_lock:
             group.doer.finished(task)
-            average = self._run_seconds
-            self._run_seconds = (
-                seconds if average is None else average + RUN_TIME_SMOOTHING * (seconds - average)
-            )
+            self._run_seconds = smoothed(self._run_seconds, seconds)
             start = None if self.stopping.is_set() else self._next_waiting()
         if start is None:
             self.wakeup.set()
