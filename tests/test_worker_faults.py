@@ -193,6 +193,25 @@ def test_a_worker_whose_clock_runs_ahead_schedules_retries_by_the_database_clock
     assert abs((row.last_attempted_at - timezone.now()).total_seconds()) < 10
 
 
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_worker_clock_reads_the_host_clock_as_timezone_now_does(settings, monkeypatch, use_tz):
+    """The worker's clock (``DatabaseClock``) reads ``USE_TZ`` once and the host's time
+    through ``time.time()``: aware UTC or naive local time, as ``timezone.now()`` gives
+    them, and a host clock that is off (what ``bench/skewed_clock.py`` plays) is seen."""
+    from django_tasks_plus.worker.dbclock import DatabaseClock
+
+    settings.USE_TZ = use_tz
+    clock = DatabaseClock("default")
+    before = timezone.now()
+    read = clock()
+    after = timezone.now()
+    assert (read.tzinfo is not None) is use_tz
+    assert before <= read <= after
+    host_time = time.time
+    monkeypatch.setattr(time, "time", lambda: host_time() + 90)
+    assert 89 < (clock() - timezone.now()).total_seconds() < 91
+
+
 # -- task code that misuses its connection ----------------------------------------------
 
 

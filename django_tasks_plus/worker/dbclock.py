@@ -9,10 +9,11 @@ the database's scale: a retry's backoff means the same on every host.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import connections
-from django.utils import timezone
 
 from ..db import dialect_for
 
@@ -31,9 +32,17 @@ class DatabaseClock:
     def __init__(self, database: str) -> None:
         self.database = database
         self.offset = timedelta(0)
+        # ``timezone.now()`` reads ``settings.USE_TZ`` through the lazy settings object on
+        # every call (two per attempt); the worker reads it once, as it does its options.
+        self._zone = UTC if settings.USE_TZ else None
 
     def __call__(self) -> datetime:
-        return timezone.now() + self.offset
+        # The host's time as ``timezone.now()`` gives it, read through ``time.time()``:
+        # what ``bench/skewed_clock.py`` shifts to play a host with a wrong clock.
+        return datetime.fromtimestamp(time.time(), self._zone) + self.offset
+
+    def _host_now(self) -> datetime:
+        return datetime.fromtimestamp(time.time(), self._zone)
 
     def sync(self) -> None:
         """Measure the database's clock against this host's, on this thread's connection.
@@ -41,9 +50,9 @@ class DatabaseClock:
         The database's reading is taken to belong to the middle of the round trip.
         """
         connection = connections[self.database]
-        before = timezone.now()
+        before = self._host_now()
         database_now = dialect_for(connection).current_time(connection)
-        after = timezone.now()
+        after = self._host_now()
         offset = database_now - (before + (after - before) / 2)
         if abs(offset) < NOTEWORTHY_SKEW:
             offset = timedelta(0)
