@@ -287,8 +287,18 @@ def emit(name: str, measurements: Mapping[str, float], labels: Mapping[str, Any]
     The helpers below call this, and so do the features for the names they registered.
     """
     handlers = _handlers().get(name)
-    if not handlers:
-        return
+    if handlers:
+        _deliver(handlers, name, measurements, labels)
+
+
+def _deliver(
+    handlers: tuple[Handler, ...],
+    name: str,
+    measurements: Mapping[str, float],
+    labels: Mapping[str, Any],
+) -> None:
+    """``emit`` once the subscribers are known: the per-attempt helpers look them up
+    once, not once to decide and again to deliver."""
     event = Event(name, measurements, labels, time.time())
     for handler in handlers:
         try:
@@ -372,11 +382,13 @@ def _task_labels(claimed: ClaimedTask) -> dict[str, Any]:
 
 def emit_started(claimed: ClaimedTask, started: datetime) -> None:
     """About to call the task function; ``queue_time`` is how long it waited once due."""
-    if TASK_STARTED not in _handlers():
+    handlers = _handlers().get(TASK_STARTED)
+    if not handlers:
         return
     labels = _task_labels(claimed)
     labels["priority"] = claimed.priority
-    emit(
+    _deliver(
+        handlers,
         TASK_STARTED,
         {
             "attempt": claimed.attempt,
@@ -402,8 +414,10 @@ def emit_outcome(
         return
     try:
         if outcome.status == TaskResultStatus.SUCCESSFUL:
-            if TASK_SUCCEEDED in handlers:
-                emit(TASK_SUCCEEDED, _attempt_numbers(claimed, run_time), _task_labels(claimed))
+            succeeded = handlers.get(TASK_SUCCEEDED)
+            if succeeded:
+                numbers = _attempt_numbers(claimed, run_time)
+                _deliver(succeeded, TASK_SUCCEEDED, numbers, _task_labels(claimed))
             return
         if outcome.error is None:
             if outcome.held_because is not None:

@@ -22,6 +22,8 @@ LABEL = "django_tasks_plus"
 def installed_app() -> Any | None:
     """The app's config (the owner of the registries), or None when the app is not in
     ``INSTALLED_APPS`` (then nothing is subscribed and nothing is counted)."""
+    if apps.ready:  # read per event: a dict lookup, not get_app_config's checks and errors
+        return apps.app_configs.get(LABEL)
     try:
         return apps.get_app_config(LABEL)
     except LookupError:
