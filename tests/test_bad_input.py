@@ -596,6 +596,50 @@ def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed()
     )
 
 
+def test_a_claimed_row_fills_each_field_from_its_own_column():
+    """``claimed_from_row`` builds the ``ClaimedTask`` by position: each column's value
+    lands in the field of its name (a field added to ``ClaimedTask`` out of step with
+    the builder fails here)."""
+    from datetime import timedelta
+
+    from django_tasks_plus.db.base import CLAIM_COLUMNS, claimed_from_row
+    from django_tasks_plus.lifecycle import ClaimedTask
+
+    now = timezone.now()
+    timed = ("enqueued_at", "run_after", "started_at", "requested_run_after", "held_since")
+    times = {name: now - timedelta(minutes=place) for place, name in enumerate(timed, 1)}
+    raw = {
+        "id": str(uuid.uuid4()),
+        "task_path": "tests.tasks.add",
+        "queue_name": "emails",
+        "priority": 7,
+        "args": "[1, 2]",
+        "kwargs": '{"x": 3}',
+        "attempt": 4,
+        "worker_ids": '["w1", "w2"]',
+        "errors": "[]",
+        **times,
+        "lease_token": "lease",
+        "backend_name": "other",
+        "ordering_key": "key",
+        "breaker_key": "breaker/key",
+        "metadata": '{"m": 1}',
+    }
+    claimed = claimed_from_row([raw[name] for name in CLAIM_COLUMNS], claimed_at=now)
+    decoded = {
+        "args": [1, 2],
+        "kwargs": {"x": 3},
+        "worker_ids": ("w1", "w2"),
+        "errors": (),
+        "metadata": {"m": 1},
+    }
+    for name in CLAIM_COLUMNS:
+        assert getattr(claimed, name) == decoded.get(name, raw[name]), name
+    assert claimed.claimed_at == now
+    assert claimed.stored_size == len("[1, 2]") + len('{"x": 3}')
+    assert len(claimed) == len(ClaimedTask._fields)
+
+
 @row("`args` column of the wrong shape", "InvalidTaskArguments (dead-lettered)")
 def test_args_wrong_shape(run_worker):
     record = forge(args={"not": "a list"})
