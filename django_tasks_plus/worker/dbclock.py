@@ -42,6 +42,8 @@ class DatabaseClock:
         return datetime.fromtimestamp(time.time(), self._zone) + self.offset
 
     def _host_now(self) -> datetime:
+        """The host's time without the offset, as ``sync()`` measures against it
+        (``__call__`` inlines it: two calls per attempt)."""
         return datetime.fromtimestamp(time.time(), self._zone)
 
     def sync(self) -> None:
