@@ -556,22 +556,19 @@ def test_database_refuses_text_that_is_not_json():
     assert record.args == [1, 2]
 
 
-def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed():
-    # Behind that guard (a table restored without its constraints, say), the claim still
-    # never raises for one bad row: the worker dead-letters it with the parser's message.
-    from django_tasks_plus.db.base import CLAIM_COLUMNS, claimed_from_row
-    from django_tasks_plus.worker.execution import prepare_call
-
-    raw = {
+def _claim_row(**columns: object) -> dict[str, object]:
+    """A claimed row's values by column name: a plain first attempt, with ``columns``
+    instead of the defaults."""
+    return {
         "id": str(uuid.uuid4()),
         "task_path": "tests.tasks.add",
         "queue_name": "default",
         "priority": 0,
-        "args": "[1, 2",
+        "args": "[1, 2]",
         "kwargs": "{}",
         "attempt": 1,
-        "worker_ids": "not json",
-        "errors": "{also not json",
+        "worker_ids": "[]",
+        "errors": "[]",
         "enqueued_at": timezone.now(),
         "run_after": timezone.now(),
         "started_at": None,
@@ -582,7 +579,17 @@ def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed()
         "held_since": None,
         "breaker_key": None,
         "metadata": "{}",
+        **columns,
     }
+
+
+def test_a_claimed_row_with_text_that_is_not_json_is_dead_lettered_not_crashed():
+    # Behind that guard (a table restored without its constraints, say), the claim still
+    # never raises for one bad row: the worker dead-letters it with the parser's message.
+    from django_tasks_plus.db.base import CLAIM_COLUMNS, claimed_from_row
+    from django_tasks_plus.worker.execution import prepare_call
+
+    raw = _claim_row(args="[1, 2", worker_ids="not json", errors="{also not json")
     claimed = claimed_from_row([raw[name] for name in CLAIM_COLUMNS])
     assert claimed.worker_ids == ()
     assert claimed.errors[0]["exception_class_path"] == (
@@ -608,23 +615,20 @@ def test_a_claimed_row_fills_each_field_from_its_own_column():
     now = timezone.now()
     timed = ("enqueued_at", "run_after", "started_at", "requested_run_after", "held_since")
     times = {name: now - timedelta(minutes=place) for place, name in enumerate(timed, 1)}
-    raw = {
-        "id": str(uuid.uuid4()),
-        "task_path": "tests.tasks.add",
-        "queue_name": "emails",
-        "priority": 7,
-        "args": "[1, 2]",
-        "kwargs": '{"x": 3}',
-        "attempt": 4,
-        "worker_ids": '["w1", "w2"]',
-        "errors": "[]",
+    raw = _claim_row(
+        queue_name="emails",
+        priority=7,
+        args="[1, 2]",
+        kwargs='{"x": 3}',
+        attempt=4,
+        worker_ids='["w1", "w2"]',
+        lease_token="lease",
+        backend_name="other",
+        ordering_key="key",
+        breaker_key="breaker/key",
+        metadata='{"m": 1}',
         **times,
-        "lease_token": "lease",
-        "backend_name": "other",
-        "ordering_key": "key",
-        "breaker_key": "breaker/key",
-        "metadata": '{"m": 1}',
-    }
+    )
     claimed = claimed_from_row([raw[name] for name in CLAIM_COLUMNS], claimed_at=now)
     decoded = {
         "args": [1, 2],
