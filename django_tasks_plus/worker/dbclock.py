@@ -37,13 +37,11 @@ class DatabaseClock:
         self._zone = UTC if settings.USE_TZ else None
 
     def __call__(self) -> datetime:
-        # The host's time as ``timezone.now()`` gives it, read through ``time.time()``:
-        # what ``bench/skewed_clock.py`` shifts to play a host with a wrong clock.
-        return datetime.fromtimestamp(time.time(), self._zone) + self.offset
+        return self._host_now() + self.offset
 
     def _host_now(self) -> datetime:
-        """The host's time without the offset, as ``sync()`` measures against it
-        (``__call__`` inlines it: two calls per attempt)."""
+        """The host's time as ``timezone.now()`` gives it, read through ``time.time()``:
+        what ``bench/skewed_clock.py`` shifts to play a host with a wrong clock."""
         return datetime.fromtimestamp(time.time(), self._zone)
 
     def sync(self) -> None:
