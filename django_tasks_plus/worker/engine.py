@@ -78,7 +78,7 @@ MAX_ADAPTIVE_PREFETCH = 1024
 # a thousand fast tasks of a megabyte each would otherwise sit in one process's memory.
 PREFETCH_PAYLOAD_BUDGET = 16 * 1024 * 1024
 # Weight of the newest value in the moving averages that size adaptive prefetch.
-RUN_TIME_SMOOTHING = 0.1
+PREFETCH_SMOOTHING = 0.1
 # Signals this close together are one request (group delivery plus supervisor forwarding).
 DUPLICATE_SIGNAL_WINDOW = 0.5
 
@@ -143,9 +143,9 @@ def adaptive_prefetch(
 
 
 def smoothed(average: float | None, value: float) -> float:
-    """``average`` moved toward ``value`` by ``RUN_TIME_SMOOTHING`` (``value`` itself when
+    """``average`` moved toward ``value`` by ``PREFETCH_SMOOTHING`` (``value`` itself when
     there is no average yet): the moving averages that size adaptive prefetch."""
-    return value if average is None else average + RUN_TIME_SMOOTHING * (value - average)
+    return value if average is None else average + PREFETCH_SMOOTHING * (value - average)
 
 
 def payload_average(average: float | None, size: float) -> float:
