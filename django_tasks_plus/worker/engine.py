@@ -142,26 +142,6 @@ def adaptive_prefetch(
     return max(floor, min(MAX_ADAPTIVE_PREFETCH, int(wanted)))
 
 
-def free_slots(capacity: int, held: int, settling: int) -> int:
-    """How many more tasks a worker holding ``held`` leased tasks may claim, ``settling``
-    of them finished with their outcomes queued for the outcome writer.
-
-    ``capacity`` (threads plus prefetch) bounds the tasks not yet finished: a finished
-    task's outcome write overlaps the next claim instead of delaying it (a drain of
-    no-op tasks otherwise waited for each batch's writes before claiming the next).
-    All the tasks held, finished or not, stay within two capacities, so a slow writer
-    slows claims instead of letting outcomes pile up without bound.
-    """
-    return max(0, min(capacity - (held - settling), 2 * capacity - held))
-
-
-def refill_level(capacity: int, concurrency: int) -> int:
-    """Waiting tasks at or below which a task thread wakes the claim loop: the claim is
-    then worth making (``free_slots`` is at least half of ``capacity`` even with every
-    thread busy) and runs while the remaining tasks do, not after them."""
-    return max(0, capacity - capacity // 2 - concurrency)
-
-
 def smoothed(average: float | None, value: float) -> float:
     """``average`` moved toward ``value`` by ``PREFETCH_SMOOTHING`` (``value`` itself when
     there is no average yet): the moving averages that size adaptive prefetch."""
@@ -241,10 +221,6 @@ class Worker:
         self._settling: set[Lease] = set()  # outcome being written: lease ends on purpose
         self._leased_lock = threading.Lock()
         self._claimed_total = 0
-        # Set by the claim loop, read by task threads (_start_next): wake the loop when
-        # the waiting tasks fall to _refill_at, if the last claim left more due rows.
-        self._refill_at = 0
-        self._more_due = False
         self._group_cursor = 0
         self._claim_cursor = 0
         self.signals_received = 0
@@ -516,8 +492,7 @@ class Worker:
         return self.config.concurrency + self._prefetch()
 
     def _free_slots(self, capacity: int) -> int:
-        with self._leased_lock:
-            free = free_slots(capacity, len(self._leased), len(self._settling))
+        free = capacity - len(self._leased)
         if self.config.max_tasks is not None:
             free = min(free, self.config.max_tasks - self._claimed_total)
         return max(0, free)
@@ -529,7 +504,6 @@ class Worker:
     def _claim(self) -> ClaimRound:
         """Claim for the free slots, one statement per queue group."""
         capacity = self._capacity()
-        self._refill_at = refill_level(capacity, self.config.concurrency)
         free = self._free_slots(capacity)
         if free <= 0:
             return ClaimRound(0, False, False)
@@ -541,7 +515,6 @@ class Worker:
             return ClaimRound(0, False, False)
         total = 0
         full = False
-        asked = False
         # Every doer gets a fair share of the free slots, starting with a different doer
         # each round, so one busy queue group cannot starve the others.
         offset = self._claim_cursor % len(self.groups)
@@ -564,7 +537,6 @@ class Worker:
                 logger.exception("Claiming from queues %s failed; retrying shortly.", group.queues)
                 self.stopping.wait(1.0)
                 return ClaimRound(total, full, True)
-            asked = True
             if not claimed:
                 continue
             full = full or len(claimed) >= wanted
@@ -585,10 +557,6 @@ class Worker:
             self._note_payload_size(claimed)
             free -= len(claimed)
             total += len(claimed)
-        if asked:
-            # Task threads wake the loop early for the next claim only while the last
-            # statements left due rows behind (_start_next).
-            self._more_due = full
         return ClaimRound(total, full, False)
 
     def _note_payload_size(self, claimed: list[ClaimedTask]) -> None:
@@ -655,22 +623,14 @@ class Worker:
 
     def _start_next(self, task: ClaimedTask, group: QueueGroup, seconds: float) -> None:
         """Task thread: tell the doer ``task`` is done and start the next waiting task;
-        wake the claim loop when none could start (a thread is free to claim for), or
-        when the waiting tasks have fallen to the refill level and more may be due."""
+        wake the claim loop only when none could start (a thread is free to claim for)."""
         with self._doers_lock:
             group.doer.finished(task)
             self._run_seconds = smoothed(self._run_seconds, seconds)
             start = None if self.stopping.is_set() else self._next_waiting()
-            refill = (
-                start is not None
-                and self._more_due
-                and sum(each.doer.waiting for each in self.groups) <= self._refill_at
-            )
         if start is None:
             self.wakeup.set()
             return
-        if refill and not self.wakeup.is_set():
-            self.wakeup.set()
         # RuntimeError: shut down past its deadline since the check above; the task is
         # counted with the abandoned ones, and its lease expires as theirs do.
         with contextlib.suppress(RuntimeError):
