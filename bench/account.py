@@ -20,6 +20,9 @@ because the machine is shared:
   belongs to a known layer (``LAYERS``) and their shares applied to the measured CPU.
 
 ``--binding`` also replays our enqueue's statement from plain psycopg, bound three ways;
+``--unvacuumed`` (ours only) leaves each drain's table as the fill's COPY left it, as W6
+does, so that autovacuum, where the server runs it, works during the drain (its CPU is a
+row of its own);
 ``--report FILE --spy-dir DIR`` prints an earlier run again. Medians of ``--runs``;
 every run and the profiles' layer samples go to
 ``bench/results/account-<time>.json``. Databases ``<prefix>_ours``, ``<prefix>_pgqueuer``
@@ -195,14 +198,21 @@ class Side:
     env: dict[str, str]
     client: list[str]  # argv of the side's client script, before its step
     table: str = ""
+    fill_options: tuple[str, ...] = ()  # extra options of its "fill" step (ours: --unvacuumed)
 
     @property
     def dsn(self) -> str:
         return f"{PG_SERVER}/{self.database}"
 
-    def step(self, step: str, tasks: int = 0, spy: list[str] | None = None) -> dict[str, Any]:
+    def step(
+        self,
+        step: str,
+        tasks: int = 0,
+        spy: list[str] | None = None,
+        options: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """Run one client step in a fresh process (optionally under py-spy); its JSON line."""
-        command = [self.python, *self.client, step, "--tasks", str(tasks)]
+        command = [self.python, *self.client, step, "--tasks", str(tasks), *options]
         return run_for_json(
             [*(spy or []), *command], what=f"{self.name} {step}", env=self.env, cwd=BENCH
         )
@@ -420,7 +430,7 @@ def fill(side: Side, tasks: int) -> None:
 
         baseline._fill_claim_table(side.dsn, tasks)
     else:
-        side.step("fill", tasks)
+        side.step("fill", tasks, options=side.fill_options)
 
 
 def drain(side: Side, tasks: int, processes: int) -> dict[str, Any]:
@@ -651,6 +661,11 @@ def main() -> int:
         action="store_true",
         help="also replay our enqueue's INSERT from psycopg, bound three ways (ours only)",
     )
+    parser.add_argument(
+        "--unvacuumed",
+        action="store_true",
+        help="ours only: no VACUUM after each drain's fill, as W6 (autovacuum's CPU is its row)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--spy-dir", help="keep the raw py-spy files here (default: deleted)")
     parser.add_argument(
@@ -660,7 +675,11 @@ def main() -> int:
     if args.report:
         return report_again(Path(args.report), Path(args.spy_dir) if args.spy_dir else None)
     names = [name.strip() for name in args.sides.split(",")]
+    if args.unvacuumed and names != ["ours"]:
+        parser.error("--unvacuumed needs --sides ours (the other sides always vacuum)")
     sides = make_sides(args.db_prefix, names)
+    if args.unvacuumed:
+        sides = [dataclasses.replace(side, fill_options=("--unvacuumed",)) for side in sides]
     results: dict[str, Any] = {s.name: {"single_runs": [], "drain_runs": []} for s in sides}
     meta = {
         "argv": sys.argv,

@@ -20,6 +20,7 @@ import django
 django.setup()
 
 import psycopg  # noqa: E402
+from benchenv import ENQUEUE_BATCH  # noqa: E402
 from cpuaccount import single_enqueues  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -56,12 +57,18 @@ def single(args: argparse.Namespace) -> dict[str, object]:
 
 
 def fill(args: argparse.Namespace) -> dict[str, object]:
+    """Queue ``--tasks`` no-op tasks; then VACUUM ANALYZE, unless ``--unvacuumed``: the
+    table as a flood leaves it, for autovacuum (if the server runs it) to find during
+    the drain."""
     _empty()
-    enqueue_many(add, [((i, i), {}) for i in range(args.tasks)])
-    with connection.cursor() as cursor:
-        cursor.execute(f"VACUUM ANALYZE {TASKS}")
+    for first in range(0, args.tasks, ENQUEUE_BATCH):
+        last = min(first + ENQUEUE_BATCH, args.tasks)
+        enqueue_many(add, [((i, i), {}) for i in range(first, last)])
+    if not args.unvacuumed:
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE {TASKS}")
     connection.close()
-    return {"queued": args.tasks}
+    return {"queued": args.tasks, "vacuumed": not args.unvacuumed}
 
 
 def binding(args: argparse.Namespace) -> dict[str, object]:
@@ -105,6 +112,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Our side of account.py.")
     parser.add_argument("step", choices=("setup", "single", "fill", "binding"))
     parser.add_argument("--tasks", type=int, default=2_000)
+    parser.add_argument("--unvacuumed", action="store_true", help="fill: no VACUUM after")
     options = parser.parse_args()
     steps = {"setup": setup, "single": single, "fill": fill, "binding": binding}
     print(json.dumps(steps[options.step](options)))

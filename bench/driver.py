@@ -26,6 +26,7 @@ import django
 django.setup()
 
 from benchenv import (  # noqa: E402
+    ENQUEUE_BATCH,
     TreeRssSampler,
     latency_figures,
     machine_cpu,
@@ -48,9 +49,6 @@ from example.tasks import add  # noqa: E402
 TASKS = TaskRecord._meta.db_table
 CLAIM_INDEX = "dtp_task_claim_idx"
 CLAIM_LIMIT = 16  # default concurrency 8 + default prefetch 8
-# A deep backlog is enqueued in batches of this many calls: one ``enqueue_many`` of a
-# million would hold a million results (and their rows' values) in memory at once.
-ENQUEUE_BATCH = 100_000
 
 
 # --------------------------------------------------------------------------------------
