@@ -20,27 +20,19 @@ import django
 django.setup()
 
 import psycopg  # noqa: E402
-from benchenv import ENQUEUE_BATCH  # noqa: E402
 from cpuaccount import single_enqueues  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
+from driver import empty_tables, enqueue_backlog, vacuum_analyze  # noqa: E402
 
-from django_tasks_plus import enqueue_many  # noqa: E402
-from django_tasks_plus.models import DedupKey, TaskRecord, WorkerRecord  # noqa: E402
+from django_tasks_plus.models import TaskRecord  # noqa: E402
 from example.tasks import add  # noqa: E402
-
-TASKS = connection.ops.quote_name(TaskRecord._meta.db_table)
 
 
 def _empty() -> None:
     """An empty queue with fresh statistics and no dead tuples."""
-    names = ", ".join(
-        connection.ops.quote_name(model._meta.db_table)
-        for model in (TaskRecord, WorkerRecord, DedupKey)
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {names}")
-        cursor.execute(f"VACUUM ANALYZE {TASKS}")
+    empty_tables()
+    vacuum_analyze()
 
 
 def setup(_: argparse.Namespace) -> dict[str, object]:
@@ -61,12 +53,9 @@ def fill(args: argparse.Namespace) -> dict[str, object]:
     table as a flood leaves it, for autovacuum (if the server runs it) to find during
     the drain."""
     _empty()
-    for first in range(0, args.tasks, ENQUEUE_BATCH):
-        last = min(first + ENQUEUE_BATCH, args.tasks)
-        enqueue_many(add, [((i, i), {}) for i in range(first, last)])
+    enqueue_backlog(args.tasks)
     if not args.unvacuumed:
-        with connection.cursor() as cursor:
-            cursor.execute(f"VACUUM ANALYZE {TASKS}")
+        vacuum_analyze()
     connection.close()
     return {"queued": args.tasks, "vacuumed": not args.unvacuumed}
 

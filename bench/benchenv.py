@@ -30,11 +30,6 @@ PG_URL = f"postgres://root@127.0.0.1:5432/{PG_DATABASE}"
 PG_DSN = f"{PG_SERVER}/{PG_DATABASE}"
 REDIS_SERVER = "redis://127.0.0.1:6379"  # the Celery peer's broker and result backend
 
-# A deep backlog is enqueued in batches of this many calls (driver.py's drains,
-# account_driver.py's fill): one ``enqueue_many`` of a million would hold a million
-# results (and their rows' values) in memory at once.
-ENQUEUE_BATCH = 100_000
-
 
 def django_env(database_url: str) -> dict[str, str]:
     """Environment for every Django process of the bench (driver and workers).

@@ -26,7 +26,6 @@ import django
 django.setup()
 
 from benchenv import (  # noqa: E402
-    ENQUEUE_BATCH,
     TreeRssSampler,
     latency_figures,
     machine_cpu,
@@ -49,6 +48,9 @@ from example.tasks import add  # noqa: E402
 TASKS = TaskRecord._meta.db_table
 CLAIM_INDEX = "dtp_task_claim_idx"
 CLAIM_LIMIT = 16  # default concurrency 8 + default prefetch 8
+# A deep backlog is enqueued in batches of this many calls: one ``enqueue_many`` of a
+# million would hold a million results (and their rows' values) in memory at once.
+ENQUEUE_BATCH = 100_000
 
 
 # --------------------------------------------------------------------------------------
@@ -80,6 +82,13 @@ def vacuum_analyze() -> None:
         else:
             cursor.execute("VACUUM")
             cursor.execute("ANALYZE")
+
+
+def enqueue_backlog(tasks: int) -> None:
+    """Queue ``tasks`` no-op ``add`` calls with ``enqueue_many``, ``ENQUEUE_BATCH`` at a time."""
+    for first in range(0, tasks, ENQUEUE_BATCH):
+        last = min(first + ENQUEUE_BATCH, tasks)
+        enqueue_many(add, [((i, i), {}) for i in range(first, last)])
 
 
 def fill_history(rows: int, age_days: float = 1.0) -> float:
@@ -269,9 +278,7 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["TASKS_RETENTION"] = "true" if args.retention == "on" else "false"
     since = timezone.now()
     started = time.perf_counter()
-    for first in range(0, args.tasks, ENQUEUE_BATCH):
-        last = min(first + ENQUEUE_BATCH, args.tasks)
-        enqueue_many(add, [((i, i), {}) for i in range(first, last)])
+    enqueue_backlog(args.tasks)
     result["enqueue_seconds"] = time.perf_counter() - started
     if args.vacuum == "on":
         vacuum_analyze()
