@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from functools import partial
+from functools import lru_cache, partial
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,20 @@ Clock = Callable[[], datetime]
 _UNBUILT: Any = object()  # a task's middleware chain not built yet in this process
 
 
+@lru_cache(maxsize=256)
+def _is_async_cached(func: Callable[..., Any]) -> bool:
+    return iscoroutinefunction(func)
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    """``iscoroutinefunction``, answered once per task function: it unwraps and inspects
+    the function's code at every call (half a microsecond, paid per attempt)."""
+    try:
+        return _is_async_cached(func)
+    except TypeError:  # an unhashable callable: asked every time
+        return iscoroutinefunction(func)
+
+
 def _call(
     task: compat.Task,
     result: compat.TaskResult,
@@ -89,7 +103,7 @@ def _call(
     if task.takes_context:
         args = [TaskContext(task_result=result, metadata=metadata), *args]
     timeout = getattr(task, "timeout", None)
-    if iscoroutinefunction(task.func):
+    if _is_async(task.func):
 
         async def bounded() -> Any:
             try:

@@ -1,0 +1,149 @@
+"""The drain's cheaper forms give what the plain forms gave.
+
+Each per-task step the worker takes thousands of times a second was made cheaper in a
+way that could drift from its plain form: the claim's order (two sorts by C key
+getters), the outcome batch's JSON (msgspec, falling back to the standard encoder) and
+the check for a coroutine function (cached per function). These pin them to the plain
+forms, including the inputs where a fast form refuses and the plain one must take over.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_tasks_plus.db.base import CLAIM_COLUMNS, claimed_from_row, sort_claimed
+from django_tasks_plus.db.postgresql import _RECORDS, _records
+from django_tasks_plus.lifecycle import ClaimedTask, Transition
+from django_tasks_plus.worker.execution import _is_async
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _claimed(task_id: str, priority: int, due_minute: int) -> ClaimedTask:
+    row: dict[str, Any] = dict.fromkeys(CLAIM_COLUMNS)
+    row.update(
+        id=task_id,
+        task_path="tests.tasks.add",
+        queue_name="default",
+        priority=priority,
+        args="[]",
+        kwargs="{}",
+        attempt=1,
+        worker_ids="[]",
+        errors="[]",
+        enqueued_at=START,
+        run_after=START + timedelta(minutes=due_minute),
+        lease_token="lease",
+        backend_name="default",
+        metadata="{}",
+    )
+    return claimed_from_row([row[name] for name in CLAIM_COLUMNS], START)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-100, 100), st.integers(0, 5), st.uuids().map(str)),
+        max_size=40,
+    )
+)
+def test_claimed_tasks_are_ordered_by_priority_then_due_time_then_id(
+    keys: list[tuple[int, int, str]],
+) -> None:
+    claimed = [_claimed(task_id, priority, due) for priority, due, task_id in keys]
+    random.shuffle(claimed)
+    expected = sorted(claimed, key=lambda task: (-task.priority, task.run_after, task.id))
+    assert sort_claimed(list(claimed)) == expected
+
+
+def test_an_id_printed_by_the_database_is_kept_and_any_other_is_made_canonical() -> None:
+    task_id = uuid.uuid4()
+    row: dict[str, Any] = dict.fromkeys(CLAIM_COLUMNS, None)
+    row.update(priority=0, attempt=1, args="[]", kwargs="{}", metadata="{}")
+    for raw in (task_id.hex, task_id, str(task_id).upper()):
+        row["id"] = raw
+        assert claimed_from_row([row[name] for name in CLAIM_COLUMNS]).id == str(task_id)
+    row["id"] = str(task_id)
+    kept = claimed_from_row([row[name] for name in CLAIM_COLUMNS], id_is_canonical=True)
+    assert kept.id == str(task_id)
+
+
+def _completion(task_id: str, values: dict[str, Any]) -> tuple[ClaimedTask, Transition]:
+    return _claimed(task_id, 0, 0), Transition(status="SUCCESSFUL", values=values)
+
+
+def _plain(names: tuple[str, ...], members: list[tuple[ClaimedTask, Transition]]) -> str:
+    """What the standard encoder alone writes for the same records."""
+    records = []
+    for claimed, outcome in members:
+        record = {"id": claimed.id, "lease_token": claimed.lease_token, "status": "SUCCESSFUL"}
+        for name in names:
+            value = outcome.values[name]
+            if isinstance(value, datetime):
+                value = (value - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+            record[name] = value
+        records.append(record)
+    return _RECORDS.encode(records)
+
+
+RETURN_VALUES: list[Any] = [
+    None,
+    2,
+    2**70,  # beyond 64 bits: the codec stores any int
+    -(2**70),
+    0.1,
+    1e300,
+    "naïve text, ✓, \u0000 escaped",
+    {"nested": [1, {"deep": [True, False, None]}]},
+    [[[[[[[[[[[]]]]]]]]]]],
+]
+
+
+@pytest.mark.parametrize("return_value", RETURN_VALUES, ids=repr)
+def test_outcome_records_hold_what_the_standard_encoder_would_write(return_value: Any) -> None:
+    names = ("finished_at", "return_value", "worker_ids")
+    values = {
+        "finished_at": START + timedelta(microseconds=123_456),
+        "return_value": return_value,
+        "worker_ids": ["w-1"],
+    }
+    members = [_completion(str(uuid.uuid4()), values) for _ in range(3)]
+    written = _records(names, members, "UTC")
+    assert json.loads(written) == json.loads(_plain(names, members))
+
+
+def test_values_msgspec_refuses_are_written_by_the_standard_encoder() -> None:
+    class Label(str):
+        """A str subclass: msgspec refuses it, the standard encoder writes the text."""
+
+    names = ("return_value",)
+    members = [_completion(str(uuid.uuid4()), {"return_value": Label("kept")})]
+    assert json.loads(_records(names, members, "UTC"))[0]["return_value"] == "kept"
+
+    # A lone surrogate: msgspec cannot encode it; the standard encoder's text is what was
+    # always sent (and PostgreSQL's driver then refuses it, as before).
+    members = [_completion(str(uuid.uuid4()), {"return_value": "\ud800"})]
+    assert _records(names, members, "UTC") == _plain(names, members)
+
+
+def test_a_coroutine_function_is_told_apart_and_so_is_an_unhashable_callable() -> None:
+    def plain() -> None: ...
+
+    async def coroutine() -> None: ...
+
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self) -> None: ...
+
+    assert _is_async(plain) is False
+    assert _is_async(coroutine) is True
+    assert _is_async(coroutine) is True  # the second answer: from the cache
+    assert _is_async(Unhashable()) is False
