@@ -1,6 +1,6 @@
 """Features a project does not use cost a worker nothing at start: msgspec loads with the
-first task that declares a schema, croniter (and dateutil) with the first cron schedule.
-(On PostgreSQL every worker uses msgspec from the start: it encodes the outcome batches.)
+first task that declares a schema (or the first outcome batch a PostgreSQL worker writes),
+croniter (and dateutil) with the first cron schedule.
 
 Checked in a fresh interpreter, set up as ``runtasks`` is (settings, apps, task-module
 discovery, the worker engine and the admin), with no task module outside the apps (the
@@ -25,6 +25,7 @@ from django_tasks_plus.compat import task_backends
 from django_tasks_plus.discovery import discover_task_modules
 discover_task_modules(task_backends["default"].settings)
 import django_tasks_plus.admin, django_tasks_plus.worker.engine
+import django_tasks_plus.db.postgresql  # as an enqueuing process on PostgreSQL has it
 before = {name: name in sys.modules for name in ("msgspec", "croniter", "dateutil")}
 from django_tasks_plus import task
 from django_tasks_plus.schedules.timing import as_spec

@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..extensions import claim_conditions
@@ -35,6 +34,8 @@ from .copytext import copy_text
 from .pgexec import bound_cursor, fetch_all, worker_session
 
 if TYPE_CHECKING:
+    import msgspec.json
+
     from .completions import Completion
 
 # libpq's PQtransactionStatus values (psycopg 3's pq.TransactionStatus, psycopg 2's
@@ -445,8 +446,17 @@ def _micros(value: datetime, session_zone: str) -> int:
 # unencodable, a type it does not know, nesting past its recursion limit) goes to the
 # standard encoder, which writes or raises as it always did, its allow_nan=False guarding
 # the SQL from an invalid literal.
-_FAST_RECORDS = msgspec.json.Encoder()
 _RECORDS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+@lru_cache(maxsize=1)
+def _fast_records() -> msgspec.json.Encoder:
+    """msgspec's encoder, imported with the first batch of outcomes: a process that only
+    enqueues (a web server) never writes one, and the worker imports this module after
+    its fork anyway, so loading it sooner would share nothing."""
+    import msgspec.json
+
+    return msgspec.json.Encoder()
 
 
 def _records(names: tuple[str, ...], members: Sequence[Completion], session_zone: str) -> str:
@@ -469,7 +479,7 @@ def _records(names: tuple[str, ...], members: Sequence[Completion], session_zone
             record[name] = _micros(value, session_zone) if isinstance(value, datetime) else value
         records.append(record)
     try:
-        return _FAST_RECORDS.encode(records).decode()
+        return _fast_records().encode(records).decode()
     except Exception:  # whatever msgspec refuses, the standard encoder decides as before
         return _RECORDS.encode(records)
 
