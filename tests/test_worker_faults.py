@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -69,8 +68,11 @@ def _other_connection():  # type: ignore[no-untyped-def]
 # -- a stall longer than the lease -------------------------------------------------------
 
 
-def test_a_renewal_that_waited_for_a_lock_still_grants_a_whole_lease():
-    """The new expiry is computed when the row is written, not before the lock wait."""
+def test_a_renewal_that_waited_for_a_table_lock_still_grants_a_whole_lease():
+    """The new expiry is computed when the row is written, not before the lock wait.
+
+    The lock is the table's (a row another session locks is skipped instead, renewed in
+    a later round: tests/test_locked_rows.py)."""
     tasks.add.enqueue(1, 2)
     claimed = claim_one()
     other = _other_connection()
@@ -79,11 +81,8 @@ def test_a_renewal_that_waited_for_a_lock_still_grants_a_whole_lease():
 
     def hold_the_row() -> None:
         if connection.vendor == "postgresql":
-            other.execute("BEGIN")
-            other.execute(
-                f"SELECT 1 FROM {TaskRecord._meta.db_table} WHERE id = %s FOR UPDATE",
-                [uuid.UUID(claimed.id)],
-            )
+            other.execute("BEGIN")  # SHARE: every writer of the table waits for it
+            other.execute(f"LOCK TABLE {TaskRecord._meta.db_table} IN SHARE MODE")
         else:
             other.execute("BEGIN IMMEDIATE")  # SQLite: the database's write lock
         held.set()
@@ -137,6 +136,74 @@ def test_a_stall_longer_than_the_lease_costs_at_most_one_rerun(start_worker, mar
     for n, result in enumerate(after):
         assert _row(result).status == TaskResultStatus.SUCCESSFUL, log
         assert _runs(markers, f"after-{n}") == 1, log
+    worker.terminate()
+    worker.wait(timeout=30)
+
+
+# -- one row another session holds locked -----------------------------------------------
+
+
+def _hold_row_lock(row_id: str, seconds: float, held: threading.Event) -> None:
+    """Hold a row lock on one task row for ``seconds``, as task code or an operator's open
+    transaction can (``SELECT ... FOR UPDATE``), then commit."""
+    locker = _other_connection()
+    try:
+        locker.execute("BEGIN")
+        locker.execute(
+            f"SELECT 1 FROM {TaskRecord._meta.db_table} WHERE id = %s FOR UPDATE", [row_id]
+        )
+        held.set()
+        time.sleep(seconds)
+        locker.execute("COMMIT")
+    finally:
+        locker.close()
+
+
+@postgres_only
+def test_one_locked_row_does_not_stall_the_workers_other_tasks(start_worker, markers, tmp_path):
+    """Another session holds one running task's row locked for more than twice the lease,
+    past the task's end. The worker's other work goes on meanwhile: tasks enqueued while
+    the locked task's outcome waits are claimed and written at once, the other running
+    task keeps its lease (a second worker would reap it otherwise), and the locked task
+    settles once the lock is gone (at most one more run: the lock kept its lease from
+    being renewed)."""
+    locked = tasks.counts_runs.enqueue("locked", 0.5)  # finishes while its row is locked
+    long_one = tasks.counts_runs.enqueue("long", 9.0)  # runs through the whole lock
+    worker = start_worker(
+        "--worker-id", "neighbour", "--queue", "slow", "--visibility-timeout", "3",
+        "--concurrency", "4",
+    )  # fmt: skip
+    # Serves another queue; its heartbeat reaps any expired lease of the backend.
+    start_worker("--worker-id", "reaper", "--queue", "default", "--visibility-timeout", "3")
+    wait_for(lambda: _runs(markers, "locked") == 1 and _runs(markers, "long") == 1)
+    held = threading.Event()
+    holder = threading.Thread(target=_hold_row_lock, args=(str(locked.id), 8.0, held))
+    holder.start()
+    try:
+        assert held.wait(10)
+        time.sleep(1.5)  # the locked task has ended: its outcome waits for the row
+        enqueued = time.monotonic()
+        quick = [tasks.counts_runs.enqueue(f"quick-{n}", 0.1) for n in range(3)]
+        wait_for(
+            lambda: all(_row(r).status == TaskResultStatus.SUCCESSFUL for r in quick),
+            timeout=6.0,
+            seen=lambda: [_row(r).status for r in quick],
+        )
+        assert time.monotonic() - enqueued < 1.5, worker_log(tmp_path)
+        assert _row(locked).status == TaskResultStatus.RUNNING  # still locked
+    finally:
+        holder.join()
+
+    def settled() -> bool:
+        return all(_row(r).status == TaskResultStatus.SUCCESSFUL for r in (locked, long_one))
+
+    wait_for(settled, timeout=60)
+    log = worker_log(tmp_path) + worker_log(tmp_path, 1)
+    assert _runs(markers, "long") == 1, log
+    assert _runs(markers, "locked") <= 2, log
+    for n in range(3):
+        assert _runs(markers, f"quick-{n}") == 1, log
+    assert "lock timeout" not in log, log
     worker.terminate()
     worker.wait(timeout=30)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import select
 import zoneinfo
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -179,15 +179,51 @@ RESET_WORKER_TIMEOUTS = """
 # Many fenced outcomes that set the same columns, in one statement: the whole group is
 # one JSON parameter that jsonb_to_recordset unpacks into typed columns. Each row lands
 # only where its lease token still matches; RETURNING names the rows that landed.
+# A row another session holds locked (task code's or an operator's open transaction, a
+# reaper) is skipped, never waited for: one locked row must not hold up every outcome
+# of the batch, and the claims that share this session, for as long as a lock can last.
+# The writer asks which rows were skipped (``store.leases_still_held``) and writes those
+# again later. Rows are locked by their tuple id, which the UPDATE then reaches without
+# a second index probe (about 1.9 µs a row more than an UPDATE that would wait).
 # {assignments}: "column = v.column" for each column the outcomes set;
 # {record_columns}: ", column type" for each.
 UPDATE_OUTCOMES = """
+    WITH free AS (
+        SELECT task.ctid AS row_id, v.*
+        FROM jsonb_to_recordset(%s::jsonb)
+            AS v(id uuid, lease_token text, status text{record_columns})
+        JOIN django_tasks_plus_taskrecord task ON task.id = v.id
+        WHERE task.lease_token = v.lease_token AND task.status = 'RUNNING'
+        FOR NO KEY UPDATE OF task SKIP LOCKED
+    )
     UPDATE django_tasks_plus_taskrecord task SET
         status = v.status, lease_token = NULL, lease_expires_at = NULL{assignments}
-    FROM jsonb_to_recordset(%s::jsonb)
-        AS v(id uuid, lease_token text, status text{record_columns})
-    WHERE task.id = v.id AND task.lease_token = v.lease_token AND task.status = 'RUNNING'
+    FROM free v
+    WHERE task.ctid = v.row_id
     RETURNING task.id::text
+"""
+
+# Extend every lease still held, in one statement, skipping rows another session holds
+# locked rather than waiting for them (sql.RENEW_LEASES waits): one row locked for longer
+# than the lock timeout would otherwise fail every renewal, and every other task of the
+# worker would lose its lease. A skipped row is still this attempt's, so it is returned
+# as held; it is renewed in a later round, once free. "mine" is read from the statement's
+# snapshot, so a task whose outcome lands meanwhile is never mistaken for a lost lease.
+# Parameters: the ids (uuid[]), the tokens (text[]), the lease's seconds.
+RENEW_LEASES_SKIPPING_LOCKED = f"""
+    WITH mine AS (
+        SELECT id, lease_token FROM django_tasks_plus_taskrecord
+        WHERE id = ANY(%s::uuid[]) AND lease_token = ANY(%s::text[]) AND status = 'RUNNING'
+    ), renewed AS (
+        UPDATE django_tasks_plus_taskrecord SET lease_expires_at = {LEASE_EXPIRY}
+        WHERE id IN (
+            SELECT task.id FROM django_tasks_plus_taskrecord task JOIN mine
+              ON task.id = mine.id AND task.lease_token = mine.lease_token
+            WHERE task.status = 'RUNNING'
+            FOR NO KEY UPDATE OF task SKIP LOCKED
+        )
+    )
+    SELECT id::text, lease_token FROM mine
 """
 
 # PostgreSQL types of the record columns, so values arrive with the column's type.
@@ -356,6 +392,21 @@ class PostgreSQLDialect(Dialect):
             return _readable(raw.fileno())
         except Exception:  # no socket any more (the driver closed it): it is gone
             return True
+
+    def renew_leases(
+        self,
+        connection: BaseDatabaseWrapper,
+        leases: Iterable[tuple[str, str]],
+        visibility_timeout: float,
+    ) -> set[tuple[str, str]]:
+        """``RENEW_LEASES_SKIPPING_LOCKED``: a row another session holds locked is held
+        still, renewed once it is free."""
+        leases = set(leases)
+        ids = sorted({task_id for task_id, _ in leases})
+        tokens = sorted({token for _, token in leases})
+        with connection.cursor() as cursor:
+            cursor.execute(RENEW_LEASES_SKIPPING_LOCKED, [ids, tokens, visibility_timeout])
+            return {(row[0], row[1]) for row in cursor.fetchall()} & leases
 
     def lease_expiry(self, seconds: float) -> tuple[str, list[Any]]:
         return LEASE_EXPIRY, [seconds]

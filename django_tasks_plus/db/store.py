@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,14 +41,21 @@ def apply_transition(
 
     ``only_if_expired`` is the reaper's extra fence: it only takes rows whose lease is
     still expired by the database's clock, so a heartbeat that renewed the lease a moment
-    ago wins.
+    ago wins. The reaper also skips a row another session holds locked (where the
+    database has row locks) rather than wait for it: the row is reaped in a later round,
+    and one locked row cannot hold up the return of every other expired lease.
     """
     rows = TaskRecord.objects.using(database).filter(
         pk=task.id, lease_token=task.lease_token, status=TaskResultStatus.RUNNING
     )
     if only_if_expired:
-        now_sql = dialect_for(connections[database]).now_sql
-        rows = rows.filter(lease_expires_at__lt=RawSQL(now_sql, ()))
+        dialect = dialect_for(connections[database])
+        rows = rows.filter(lease_expires_at__lt=RawSQL(dialect.now_sql, ()))
+        if dialect.skip_locked_rows_sql:
+            free = f"SELECT id FROM {TaskRecord._meta.db_table} WHERE id = %s"
+            rows = rows.filter(
+                pk__in=RawSQL(free + dialect.skip_locked_rows_sql, (uuid.UUID(task.id),))
+            )
     updated = rows.update(
         status=transition.status, lease_token=None, lease_expires_at=None, **transition.values
     )
@@ -69,6 +77,25 @@ def renew_leases(
     connection = connections[database]
     held = dialect_for(connection).renew_leases(connection, leases, visibility_timeout)
     return set(leases) - held
+
+
+def leases_still_held(database: str, leases: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The ``(id, token)`` pairs whose row is still RUNNING under that token.
+
+    Asked about outcomes that did not land: where the outcome write skips rows another
+    session holds locked (``Dialect.write_outcomes`` on PostgreSQL), a lease still held
+    means the row was skipped, not taken over, and its outcome is worth writing again."""
+    leases = set(leases)
+    if not leases:
+        return set()
+    rows = (
+        TaskRecord.objects.using(database)
+        .filter(
+            pk__in=[uuid.UUID(task_id) for task_id, _ in leases], status=TaskResultStatus.RUNNING
+        )
+        .values_list("pk", "lease_token")
+    )
+    return {(str(pk), str(token)) for pk, token in rows if token is not None} & leases
 
 
 def expired_tasks(database: str, backend_name: str, limit: int = 100) -> list[ClaimedTask]:

@@ -10,6 +10,13 @@ database refuses is settled alone (dead-lettered with ``OutcomeNotStorable``), a
 callback that raises is logged with its task's id: nothing one task holds can end this
 thread.
 
+A row another session holds locked (task code's or an operator's open transaction) is
+skipped by the write, not waited for (``Dialect.write_outcomes``): its outcome is set
+aside and written again shortly, alone or with later outcomes, until it lands, its lease
+is found gone, or ``persist_deadline`` passes (then its lease expires and the task is
+retried). So one locked row never holds up the outcomes behind it, nor the claims that
+share the session.
+
 Each write is one turn on ``session``, the session the worker's claim loop takes turns
 on too (``sessions.py``): the two latency-critical writers share one session, and no
 periodic duty ever stands between them and it. Callbacks and retry pauses run between
@@ -25,12 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 from django.db import InterfaceError, OperationalError, connections
 
 from .. import events
 from ..db import worker_connection
 from ..db.completions import apply_transitions
+from ..db.store import leases_still_held
 from ..db.unpooled import outside_the_pool
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
 from .sessions import SharedSession
@@ -39,6 +48,11 @@ logger = logging.getLogger("django_tasks_plus.worker")
 
 MAX_BATCH = 500
 _STOP = object()
+
+# Pauses before an outcome whose row was locked is written again: short at first (the
+# lock is usually a moment's, such as a lease renewal's), then up to a second apart.
+FIRST_RETRY_PAUSE = 0.05
+LAST_RETRY_PAUSE = 1.0
 
 
 Written = Callable[[bool], None]
@@ -58,6 +72,12 @@ class _Submitted:
     outcome: Transition
     written: Written
     settled: bool = False
+    # Set when a write first skipped its locked row: the monotonic time to land by.
+    give_up_at: float | None = None
+    # While set aside (parked): when to write it again, after a pause that doubles.
+    parked: bool = False
+    due_at: float = 0.0
+    pause: float = 0.0
 
     def settle(self, landed: bool) -> None:
         """Tell the submitter once whether the row landed, never raising: one task's
@@ -100,6 +120,7 @@ class Reporter(threading.Thread):
         self.clock = clock
         self.after_batch: Callable[[], None] | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._parked: list[_Submitted] = []  # outcomes whose row was locked: written again
 
     def submit(self, claimed: ClaimedTask, outcome: Transition, written: Written) -> None:
         """Queue one outcome; ``written`` is called once it is written (or refused)."""
@@ -114,28 +135,69 @@ class Reporter(threading.Thread):
 
     def _serve(self) -> None:
         try:
-            while True:
-                item = self._inbox.get()
+            stopping = False
+            while not stopping:
+                item = self._next(block=True)
                 if item is _STOP:
-                    return
-                batch = [item]
-                stopping = False
-                while len(batch) < MAX_BATCH:
-                    try:
-                        more = self._inbox.get_nowait()
-                    except queue.Empty:
+                    stopping = True
+                    item = None
+                batch: list[_Submitted] = [] if item is None else [cast(_Submitted, item)]
+                while not stopping and len(batch) < MAX_BATCH:
+                    more = self._next(block=False)
+                    if more is None:
                         break
                     if more is _STOP:
                         stopping = True
                         break
-                    batch.append(more)
-                self._write_batch(batch)
-                if stopping:
-                    return
+                    batch.append(cast(_Submitted, more))
+                batch = self._take_due() + batch
+                if batch:
+                    self._write_batch(batch)
+            # Outcomes set aside for a locked row get their remaining chances (each is
+            # bounded by its give_up_at) before the thread ends.
+            while self._parked:
+                time.sleep(self._until_due())
+                self._write_batch(self._take_due())
         finally:
             connections[self.database].close()
             if self._own_session:
                 self.session.close()
+
+    def _next(self, *, block: bool) -> object | None:
+        """The next submitted item (or ``_STOP``); None when none came: at once if not
+        ``block``, else by the time an outcome set aside is due to be written again."""
+        try:
+            if not block:
+                return self._inbox.get_nowait()
+            if not self._parked:
+                return self._inbox.get()
+            return self._inbox.get(timeout=self._until_due())
+        except queue.Empty:
+            return None
+
+    def _until_due(self) -> float:
+        """Seconds until the first outcome set aside is due to be written again."""
+        return max(0.0, min(item.due_at for item in self._parked) - time.monotonic())
+
+    def _take_due(self) -> list[_Submitted]:
+        """The outcomes set aside that are due to be written again, no longer parked."""
+        if not self._parked:
+            return []
+        now = time.monotonic()
+        due = [item for item in self._parked if item.due_at <= now]
+        if due:
+            self._parked = [item for item in self._parked if item.due_at > now]
+            for item in due:
+                item.parked = False
+        return due
+
+    def _park(self, item: _Submitted) -> None:
+        """Set aside an outcome whose row another session held locked, to be written
+        again after a pause that doubles each time its row is found locked."""
+        item.pause = FIRST_RETRY_PAUSE if not item.pause else min(item.pause * 2, LAST_RETRY_PAUSE)
+        item.due_at = time.monotonic() + item.pause
+        item.parked = True
+        self._parked.append(item)
 
     def _write_batch(self, batch: list[_Submitted]) -> None:
         """Write one batch and run its follow-ups; whatever goes wrong is logged and the
@@ -150,7 +212,8 @@ class Reporter(threading.Thread):
                 ", ".join(item.claimed.id for item in batch[:10]),
             )
         for item in batch:
-            item.settle(False)  # only those the flush could not settle
+            if not item.parked:
+                item.settle(False)  # only those the flush could neither settle nor set aside
         if self.after_batch is not None:
             try:
                 self.after_batch()
@@ -176,12 +239,13 @@ class Reporter(threading.Thread):
                         len(batch),
                         exc,
                     )
-                    landed = [False] * len(batch)
-                else:
-                    logger.warning("Database unavailable writing outcomes (%s); retrying", exc)
-                    time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
+                    for item in batch:
+                        item.settle(False)
+                    return
+                logger.warning("Database unavailable writing outcomes (%s); retrying", exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
             except Exception:
                 # One bad row (a value the database or the driver refuses) must not sink
                 # its neighbours: write them one by one.
@@ -192,8 +256,7 @@ class Reporter(threading.Thread):
                 )
                 self._flush_one_by_one(batch)
                 return
-            for item, ok in zip(batch, landed, strict=True):
-                item.settle(ok)
+            self._settle_written(batch, landed)
             return
 
     def _flush_one_by_one(self, batch: list[_Submitted]) -> None:
@@ -203,11 +266,52 @@ class Reporter(threading.Thread):
                 [ok] = self._write([(claimed, outcome)])
             except _TRANSIENT:
                 logger.exception("Could not write the outcome of task %s", claimed.id)
-                ok = False
+                item.settle(False)
+                continue
             except Exception as exc:
                 self._record_unstorable(claimed, outcome, exc)
-                ok = False  # the intended outcome did not land: nothing is announced for it
-            item.settle(ok)
+                item.settle(False)  # the intended outcome did not land: nothing announced
+                continue
+            self._settle_written([item], [ok])
+
+    def _settle_written(self, batch: list[_Submitted], landed: list[bool]) -> None:
+        """Tell each submitter whether its row landed, except where the write skipped a
+        row another session held locked: that outcome is set aside and written again."""
+        missed = [item for item, ok in zip(batch, landed, strict=True) if not ok]
+        held = self._still_held(missed) if missed else set()
+        now = time.monotonic()
+        for item, ok in zip(batch, landed, strict=True):
+            if ok or (item.claimed.id, item.claimed.lease_token) not in held:
+                item.settle(ok)
+                continue
+            if item.give_up_at is None:
+                item.give_up_at = now + self.persist_deadline
+            if now < item.give_up_at:
+                self._park(item)
+                continue
+            logger.error(
+                "Task %s: another session held its row locked for %.0f s; its outcome (%s) "
+                "is not written, so its lease will expire and the task will be retried.",
+                item.claimed.id,
+                self.persist_deadline,
+                item.outcome.status,
+            )
+            item.settle(False)
+
+    def _still_held(self, missed: list[_Submitted]) -> set[tuple[str, str]]:
+        """Which of the outcomes that did not land still hold their lease: their rows
+        were locked, not taken over. Unknown (the database unreachable) counts as held:
+        writing again is fenced, and ``give_up_at`` bounds it."""
+        leases = [(item.claimed.id, item.claimed.lease_token) for item in missed]
+        try:
+            with self.session.turn():
+                worker_connection(self.database, self.persist_deadline)
+                return leases_still_held(self.database, leases)
+        except _TRANSIENT as exc:
+            logger.warning(
+                "Could not tell whether %d lease(s) are still held (%s)", len(leases), exc
+            )
+            return set(leases)
 
     def _record_unstorable(self, claimed: ClaimedTask, outcome: Transition, exc: Exception) -> bool:
         """Dead-letter the task with ``OutcomeNotStorable`` in place of an outcome the

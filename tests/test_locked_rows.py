@@ -1,0 +1,257 @@
+"""A task row another session holds locked, met by each writer that touches many rows.
+
+Task code or an operator can hold a task's row locked for as long as a transaction stays
+open (``SELECT ... FOR UPDATE``). The worker's writers of many rows (the outcome writer,
+the lease renewal, the reaper) skip such a row rather than wait for it, so the lock costs
+that one task a later write and no other task anything. PostgreSQL only: SQLite locks
+the whole database, never one row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_tasks_plus.compat import TaskResultStatus, task_backends
+from django_tasks_plus.db.completions import apply_transitions
+from django_tasks_plus.db.store import leases_still_held, renew_leases
+from django_tasks_plus.lifecycle import ClaimedTask, Succeeded, transition
+from django_tasks_plus.models import TaskRecord
+from django_tasks_plus.worker.reaper import reap_expired
+from django_tasks_plus.worker.reporter import Reporter
+from tests import tasks
+from tests.conftest import claim_one, postgres_only
+
+pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
+
+TABLE = TaskRecord._meta.db_table
+
+
+def _other_session() -> psycopg.Connection:
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding", "pool"):
+        params.pop(key, None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+@contextlib.contextmanager
+def row_locked(task_id: str) -> Iterator[psycopg.Connection]:
+    """Hold ``task_id``'s row locked in another session's open transaction."""
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(f"SELECT 1 FROM {TABLE} WHERE id = %s FOR UPDATE", [uuid.UUID(task_id)])
+        yield other
+        other.execute("COMMIT")
+    finally:
+        other.close()
+
+
+def _claimed(count: int, visibility_timeout: float = 300) -> list[ClaimedTask]:
+    for n in range(count):
+        tasks.add.enqueue(n, n)
+    return [claim_one(visibility_timeout=visibility_timeout) for _ in range(count)]
+
+
+def _success(claimed: ClaimedTask, value: int = 7):  # type: ignore[no-untyped-def]
+    backend = task_backends["default"]
+    return transition(claimed, Succeeded(value), policy=backend.settings.retry, now=timezone.now())
+
+
+def _status(claimed: ClaimedTask) -> str:
+    return TaskRecord.objects.get(pk=claimed.id).status
+
+
+@contextlib.contextmanager
+def lock_timeout(seconds: float) -> Iterator[None]:
+    """Bound this session's lock waits, so a statement that waited would fail the test."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{int(seconds * 1000)}ms"])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+
+# -- the outcome write --------------------------------------------------------------------
+
+
+def test_an_outcome_write_skips_a_locked_row_and_writes_the_others_at_once():
+    locked, free = _claimed(2)
+    with row_locked(locked.id), lock_timeout(5.0):
+        began = time.monotonic()
+        landed = apply_transitions("default", [(locked, _success(locked)), (free, _success(free))])
+        took = time.monotonic() - began
+        assert landed == [False, True]
+        assert took < 1.0, took  # skipped, not waited for
+        # Still this attempt's: the writer may write it again.
+        assert leases_still_held("default", [(locked.id, locked.lease_token)]) == {
+            (locked.id, locked.lease_token)
+        }
+    assert (_status(locked), _status(free)) == ("RUNNING", "SUCCESSFUL")
+    assert apply_transitions("default", [(locked, _success(locked))]) == [True]
+    assert _status(locked) == "SUCCESSFUL"
+
+
+def test_a_lease_taken_over_is_not_held():
+    [claimed] = _claimed(1)
+    TaskRecord.objects.filter(pk=claimed.id).update(lease_token="someone-else")
+    assert leases_still_held("default", [(claimed.id, claimed.lease_token)]) == set()
+    assert leases_still_held("default", []) == set()
+
+
+def _reporter(persist_deadline: float) -> Reporter:
+    reporter = Reporter("default", persist_deadline=persist_deadline, clock=timezone.now)
+    reporter.start()
+    return reporter
+
+
+def _submit(reporter: Reporter, claimed: ClaimedTask, landed: dict[str, tuple[bool, float]]):  # type: ignore[no-untyped-def]
+    def written(ok: bool) -> None:
+        landed[claimed.id] = (ok, time.monotonic())
+
+    reporter.submit(claimed, _success(claimed), written)
+
+
+def _wait(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_writer_sets_a_locked_outcome_aside_and_writes_it_once_the_lock_is_gone():
+    locked, first, later = _claimed(3)
+    landed: dict[str, tuple[bool, float]] = {}
+    reporter = _reporter(persist_deadline=30.0)
+    try:
+        with row_locked(locked.id):
+            _submit(reporter, locked, landed)
+            _submit(reporter, first, landed)
+            _wait(lambda: first.id in landed)
+            _submit(reporter, later, landed)  # behind the locked one: not held up by it
+            _wait(lambda: later.id in landed)
+            time.sleep(0.5)
+            assert locked.id not in landed  # not given up: set aside
+            released = time.monotonic()
+        _wait(lambda: locked.id in landed)
+    finally:
+        reporter.stop()
+        reporter.join(10)
+    assert landed[first.id][0] and landed[later.id][0]
+    ok, at = landed[locked.id]
+    assert ok is True
+    assert at - released < 1.5  # written again within the longest pause
+    assert [_status(c) for c in (locked, first, later)] == ["SUCCESSFUL"] * 3
+
+
+def test_the_writer_gives_up_on_a_row_locked_past_its_deadline(caplog):
+    [locked] = _claimed(1)
+    landed: dict[str, tuple[bool, float]] = {}
+    reporter = _reporter(persist_deadline=1.0)
+    try:
+        with row_locked(locked.id):
+            began = time.monotonic()
+            _submit(reporter, locked, landed)
+            _wait(lambda: locked.id in landed, timeout=5.0)
+            gave_up = time.monotonic() - began
+    finally:
+        reporter.stop()
+        reporter.join(10)
+    assert landed[locked.id][0] is False
+    assert 0.9 <= gave_up < 3.0, gave_up
+    assert _status(locked) == "RUNNING"  # its lease expires and the reaper returns it
+    assert "held its row locked" in caplog.text
+
+
+def test_a_stopping_writer_still_writes_an_outcome_set_aside():
+    [locked] = _claimed(1)
+    landed: dict[str, tuple[bool, float]] = {}
+    reporter = _reporter(persist_deadline=30.0)
+    release = threading.Event()
+
+    def hold() -> None:
+        with row_locked(locked.id):
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        _wait(lambda: _locked_by_someone(locked.id))
+        _submit(reporter, locked, landed)
+        time.sleep(0.3)
+        reporter.stop()
+        time.sleep(0.3)
+        assert reporter.is_alive() and locked.id not in landed
+        release.set()
+        reporter.join(10)
+    finally:
+        release.set()
+        holder.join(10)
+    assert landed[locked.id][0] is True
+    assert _status(locked) == "SUCCESSFUL"
+
+
+def _locked_by_someone(task_id: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {TABLE} WHERE id = %s FOR UPDATE SKIP LOCKED",
+            [uuid.UUID(task_id)],
+        )
+        return not cursor.fetchall()
+
+
+# -- the lease renewal --------------------------------------------------------------------
+
+
+def test_a_renewal_skips_a_locked_row_without_calling_its_lease_lost():
+    locked, free = _claimed(2, visibility_timeout=5)
+    before = {row.pk: row.lease_expires_at for row in TaskRecord.objects.all()}
+    leases = [(locked.id, locked.lease_token), (free.id, free.lease_token)]
+    with row_locked(locked.id), lock_timeout(5.0):
+        began = time.monotonic()
+        assert renew_leases("default", leases, 300) == set()
+        assert time.monotonic() - began < 1.0
+    after = {row.pk: row.lease_expires_at for row in TaskRecord.objects.all()}
+    assert after[uuid.UUID(locked.id)] == before[uuid.UUID(locked.id)]  # not renewed yet
+    assert after[uuid.UUID(free.id)] > before[uuid.UUID(free.id)] + timedelta(seconds=200)
+    # Free again: the next round renews it.
+    assert renew_leases("default", leases, 300) == set()
+    renewed = TaskRecord.objects.get(pk=locked.id).lease_expires_at
+    assert renewed > before[uuid.UUID(locked.id)] + timedelta(seconds=200)
+
+
+def test_a_renewal_still_reports_a_lease_taken_over():
+    mine, taken = _claimed(2)
+    TaskRecord.objects.filter(pk=taken.id).update(lease_token="someone-else")
+    leases = [(mine.id, mine.lease_token), (taken.id, taken.lease_token)]
+    with row_locked(mine.id):
+        assert renew_leases("default", leases, 300) == {(taken.id, taken.lease_token)}
+
+
+# -- the reaper ---------------------------------------------------------------------------
+
+
+def test_the_reaper_skips_a_locked_expired_row_and_returns_the_others():
+    locked, free = _claimed(2, visibility_timeout=-1)  # both leases already expired
+    backend = task_backends["default"]
+    with row_locked(locked.id), lock_timeout(5.0):
+        began = time.monotonic()
+        assert reap_expired(backend, timezone.now) == 1
+        assert time.monotonic() - began < 1.0
+    assert (_status(locked), _status(free)) == (
+        TaskResultStatus.RUNNING,
+        TaskResultStatus.READY,
+    )
+    assert reap_expired(backend, timezone.now) == 1  # free again: returned now
+    assert _status(locked) == TaskResultStatus.READY
