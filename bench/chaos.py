@@ -12,7 +12,8 @@ One command, ``python bench/chaos.py`` (PostgreSQL) or ``python bench/chaos.py -
    id; SIGSTOP a worker for twice its visibility timeout, then SIGCONT it; restart
    PostgreSQL once (or terminate every backend, ``--db-chaos terminate``); hold
    ``LOCK TABLE … IN ACCESS EXCLUSIVE MODE`` on the task table for twice the visibility
-   timeout (PostgreSQL).
+   timeout, and (``rowlock``) hold a few running tasks' rows locked for as long, as task
+   code's or an operator's open transaction can (PostgreSQL).
 3. When no task is READY or RUNNING, SIGTERM the workers; past the deadline, fail.
 4. Compare the task rows with the ledger (one row per execution of a task body) and
    print one summary line; exit non-zero if any check failed. Full results go to
@@ -20,9 +21,11 @@ One command, ``python bench/chaos.py`` (PostgreSQL) or ``python bench/chaos.py -
 
 A task may run again only because of a disruption it was caught in: each kill, pause,
 database cut and lock stall records the tasks in flight, and each such task is allowed
-one re-run per disruption. Any other re-run (``unexcused_reruns``) fails the run.
+one re-run per disruption; a row lock excuses only the tasks whose rows it held. Any
+other re-run (``unexcused_reruns``) fails the run.
 
-``--faults`` picks the newer faults (``stall,skew,surrogate,leak``, all by default);
+``--faults`` picks the newer faults (``stall,rowlock,skew,surrogate,leak``, all by
+default);
 ``--no-kills --pauses 0 --no-restart`` leaves only them, for a run beside other users of
 the PostgreSQL server (``--pg-database`` names the database to recreate).
 """
@@ -65,7 +68,9 @@ SKEW_LAUNCHER = BENCH / "skewed_clock.py"
 ENQUEUE_CHUNK = 1000
 TICK = 0.25
 DESIGNED_TO_DIE = ("abort", "doomed", "surrogate")
-FAULTS = ("stall", "skew", "surrogate", "leak")
+FAULTS = ("stall", "rowlock", "skew", "surrogate", "leak")
+# How many running tasks' rows the row-lock fault holds locked.
+ROWLOCK_TASKS = 3
 # Class names the worker records for the two misbehaving task kinds.
 SURROGATE_ERROR = "ReturnValueNotSerializable"
 LEAK_ERROR = "TransactionLeaked"
@@ -311,6 +316,8 @@ class Chaos:
     restarts: int = 0
     stalls: int = 0
     stall_problems: list[str] = field(default_factory=list)
+    rowlocks: int = 0
+    rowlock_caught: int = 0
     # Task id -> re-runs it may have: one per disruption it was in flight at.
     allowance: Counter[str] = field(default_factory=Counter)
     stall_caught: set[str] = field(default_factory=set)
@@ -536,6 +543,44 @@ class Chaos:
         count = self.excuse("stall", caught)
         self.note("stall", seconds=seconds, waited=round(waited, 2), caught=count)
 
+    def lock_rows(self) -> bool:
+        """Hold a few RUNNING tasks' rows locked (``FOR UPDATE``) for twice the visibility
+        timeout, as task code's or an operator's open transaction can; False when no
+        task was running to lock.
+
+        Only those tasks may run once more: the lock can outlast their leases. Every
+        other task of their workers must go on as if nothing happened (their outcomes
+        written, their leases renewed, new tasks claimed).
+        """
+        import psycopg
+
+        from django_tasks_plus.models import TaskRecord
+
+        table = TaskRecord._meta.db_table
+        seconds = 2 * self.args.visibility
+        try:
+            with psycopg.connect(f"{PG_SERVER}/{self.args.pg_database}") as conn:
+                conn.execute("SET lock_timeout = '10s'")
+                rows = conn.execute(
+                    f"SELECT id FROM {table} WHERE status = 'RUNNING' ORDER BY random() "
+                    f"LIMIT {ROWLOCK_TASKS} FOR UPDATE SKIP LOCKED"
+                )
+                caught = {str(row[0]) for row in rows}
+                if not caught:
+                    conn.rollback()
+                    return False
+                time.sleep(seconds)
+                conn.commit()
+        except psycopg.Error as exc:
+            problem = f"the row lock could not be held: {exc}".strip()
+            self.stall_problems.append(problem)
+            self.note("rowlock-failed", error=str(exc).strip()[:120])
+            return True
+        self.rowlocks += 1
+        self.rowlock_caught += self.excuse("rowlock", caught)
+        self.note("rowlock", seconds=seconds, caught=len(caught))
+        return True
+
     def stop_all(self, grace: float) -> list[dict[str, Any]]:
         """SIGCONT the paused, SIGTERM everyone, wait; SIGKILL (and report) stragglers."""
         self.resume_due(force=True)
@@ -566,11 +611,13 @@ def drive(chaos: Chaos, total: int, deadline: float) -> tuple[bool, dict[str, in
     # Disruptions happen one at a time, in this order, at these shares of finished tasks.
     # The stall comes late: with few tasks left to claim, a task it caught is claimed again
     # at once, so a worker that mixes up two attempts of one task shows it.
-    plan = [("pause", 0.2), ("db", 0.4), ("pause", 0.6), ("stall", 0.9)]
+    plan = [("pause", 0.2), ("db", 0.4), ("pause", 0.6), ("rowlock", 0.75), ("stall", 0.9)]
     if args.db_chaos == "none":
         plan = [step for step in plan if step[0] != "db"]
     if not stall_enabled(args):
         plan = [step for step in plan if step[0] != "stall"]
+    if not rowlock_enabled(args):
+        plan = [step for step in plan if step[0] != "rowlock"]
     pauses = [step for step in plan if step[0] == "pause"][: args.pauses]
     plan = [step for step in plan if step[0] != "pause" or step in pauses]
     first_kill_mark = 0.1
@@ -606,6 +653,11 @@ def drive(chaos: Chaos, total: int, deadline: float) -> tuple[bool, dict[str, in
                 elif step == "stall":
                     chaos.stall()
                     calm_until = time.monotonic() + args.visibility
+                elif step == "rowlock":
+                    if chaos.lock_rows():
+                        calm_until = time.monotonic() + args.visibility
+                    else:  # nothing running at this moment: try again next tick
+                        plan.insert(0, (step, done))
                 else:
                     chaos.cut_database()
                     calm_until = time.monotonic() + args.visibility
@@ -904,6 +956,11 @@ def stall_enabled(args: argparse.Namespace) -> bool:
     return "stall" in args.faults and not args.sqlite
 
 
+def rowlock_enabled(args: argparse.Namespace) -> bool:
+    """The row lock needs PostgreSQL's row locks; SQLite locks the whole database."""
+    return "rowlock" in args.faults and not args.sqlite
+
+
 def _designed(report: dict[str, Any], kind: str) -> str:
     """``as-designed/planned`` for the surrogate or leak tasks."""
     planned = report[f"{kind}_planned"]
@@ -934,8 +991,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--faults",
         default=",".join(FAULTS),
-        help="comma-separated, from stall (PostgreSQL), skew, surrogate, leak; '' for none "
-        "(default: all)",
+        help="comma-separated, from stall and rowlock (PostgreSQL), skew, surrogate, leak; "
+        "'' for none (default: all)",
     )
     parser.add_argument(
         "--skew", type=float, default=90.0, help="seconds the skewed worker's clock is ahead (90)"
@@ -1040,7 +1097,8 @@ def main(argv: list[str] | None = None) -> int:
         kinds = Counter(str(entry["kind"]) for entry in report["unexcused_reruns"])
         failures.append(
             f"{len(report['unexcused_reruns'])} task(s) ran again without being in flight at a "
-            f"kill, pause, database cut or stall (or more often than those allow): {dict(kinds)}"
+            f"kill, pause, database cut, stall or row lock (or more often than those allow): "
+            f"{dict(kinds)}"
         )
     if report["surrogates_wrong"]:
         failures.append(
@@ -1077,13 +1135,16 @@ def main(argv: list[str] | None = None) -> int:
     failures += chaos.stall_problems
     if stall_enabled(args) and chaos.stalls == 0 and not chaos.stall_problems:
         failures.append("the lock stall never happened")
+    if rowlock_enabled(args) and chaos.rowlocks == 0 and not chaos.stall_problems:
+        failures.append("the row lock never happened")
     skewed = sum(w.skewed for w in chaos.retired)
 
     summary = (
         f"chaos: tasks={len(by_id)} succeeded={report['succeeded']} dead={report['dead']} "
         f"(designed {report['designed']}, worn out by chaos {len(report['worn_out_by_chaos'])}) "
         f"kills={chaos.kills} pauses={chaos.pauses} "
-        f"restarts={chaos.restarts} stalls={chaos.stalls} skewed={skewed} "
+        f"restarts={chaos.restarts} stalls={chaos.stalls} "
+        f"rowlocks={chaos.rowlocks}/{chaos.rowlock_caught} skewed={skewed} "
         f"lost={len(report['lost'])} stale_writes={len(report['stale_writes'])} "
         f"lost_writes={len(report['lost_writes'])} reexecutions={report['reexecutions']} "
         f"unexcused_reruns={len(report['unexcused_reruns'])} "
@@ -1106,6 +1167,8 @@ def main(argv: list[str] | None = None) -> int:
         "kills": chaos.kills,
         "pauses": chaos.pauses,
         "stalls": chaos.stalls,
+        "rowlocks": chaos.rowlocks,
+        "rowlock_caught": chaos.rowlock_caught,
         "skewed_workers": skewed,
         "restarts": chaos.restarts,
         "events": chaos.events,

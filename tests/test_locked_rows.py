@@ -103,6 +103,38 @@ def test_an_outcome_write_skips_a_locked_row_and_writes_the_others_at_once():
     assert _status(locked) == "SUCCESSFUL"
 
 
+def test_an_outcome_write_that_expects_locks_skips_at_once():
+    """Outcomes written again after meeting a lock skip it without the short wait."""
+    locked, free = _claimed(2)
+    batch = [(locked, _success(locked)), (free, _success(free))]
+    with row_locked(locked.id), lock_timeout(5.0):
+        began = time.monotonic()
+        assert apply_transitions("default", batch, expect_locks=True) == [False, True]
+        took = time.monotonic() - began
+    assert took < 0.09, took  # below the short wait (100 ms)
+
+
+def test_an_outcome_write_in_a_transaction_skips_a_locked_row():
+    """With an outcome hook the batch runs in a transaction, where a statement that
+    timed out would spoil the rest: there the locked row is skipped at once, and the
+    hook sees only the outcomes that landed."""
+    from django_tasks_plus import extensions
+
+    seen: list[str] = []
+    locked, free = _claimed(2)
+    with (
+        extensions.outcome_hooks.registered(
+            lambda batch: seen.extend(item.claimed.id for item in batch.outcomes)
+        ),
+        row_locked(locked.id),
+        lock_timeout(5.0),
+    ):
+        landed = apply_transitions("default", [(locked, _success(locked)), (free, _success(free))])
+    assert landed == [False, True]
+    assert seen == [free.id]
+    assert (_status(locked), _status(free)) == ("RUNNING", "SUCCESSFUL")
+
+
 def test_a_lease_taken_over_is_not_held():
     [claimed] = _claimed(1)
     TaskRecord.objects.filter(pk=claimed.id).update(lease_token="someone-else")

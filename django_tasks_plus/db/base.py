@@ -491,12 +491,20 @@ class Dialect(ABC):
         durable (``OPTIONS["SYNCHRONOUS_CLAIMS"]``); one that cannot ignores it."""
 
     def write_outcomes(
-        self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]
+        self,
+        connection: BaseDatabaseWrapper,
+        completions: Sequence[Completion],
+        *,
+        expect_locks: bool = False,
     ) -> list[bool]:
         """Write each ``(claimed, transition)`` fenced by its lease token, inside the
         caller's transaction; return, in order, which landed.
 
-        The default writes row by row; a dialect with a batched form overrides it."""
+        Where the database locks single rows, a row another session holds locked is
+        skipped (not landed) after a short wait at most, or at once with
+        ``expect_locks`` (the caller writes it again: ``store.leases_still_held`` tells
+        such a row from a lost lease). The default writes row by row; a dialect with a
+        batched form overrides it."""
         from .store import apply_transition  # store reads dialect_for: import when used
 
         return [apply_transition(connection.alias, task, outcome) for task, outcome in completions]

@@ -27,20 +27,24 @@ from .store import apply_transition
 Completion = tuple[ClaimedTask, Transition]
 
 
-def apply_transitions(database: str, completions: Sequence[Completion]) -> list[bool]:
+def apply_transitions(
+    database: str, completions: Sequence[Completion], *, expect_locks: bool = False
+) -> list[bool]:
     """Write every completion in one transaction; return, in order, which landed.
 
-    A hook that raises rolls the whole batch back and the exception propagates: the
-    caller handles it as any failed write (the reporter retries row by row)."""
+    A row another session holds locked does not land (``Dialect.write_outcomes``; with
+    ``expect_locks`` it is skipped without the short wait). A hook that raises rolls the
+    whole batch back and the exception propagates: the caller handles it as any failed
+    write (the reporter retries row by row)."""
     if not completions:
         return []
     connection = connections[database]
     dialect = dialect_for(connection)
     if not outcome_hooks and dialect.outcomes_in_one_statement(completions):
         # One statement is atomic on its own: no BEGIN and COMMIT round trips around it.
-        return dialect.write_outcomes(connection, completions)
+        return dialect.write_outcomes(connection, completions, expect_locks=expect_locks)
     with transaction.atomic(using=database):
-        landed = dialect.write_outcomes(connection, completions)
+        landed = dialect.write_outcomes(connection, completions, expect_locks=expect_locks)
         if outcome_hooks:
             written = [
                 WrittenOutcome(claimed, outcome)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from django.db import OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..extensions import claim_conditions
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 # extensions.TRANSACTION_STATUS_*): idle, a query in flight, in a transaction, in a failed
 # one; anything else (PQTRANS_UNKNOWN) is a connection libpq has lost track of.
 PQTRANS_IDLE, PQTRANS_ACTIVE, PQTRANS_INTRANS, PQTRANS_INERROR = 0, 1, 2, 3
+
+# SQLSTATE of a lock wait that ran past lock_timeout (or a NOWAIT that met a lock).
+LOCK_NOT_AVAILABLE = "55P03"
 
 # Batches at least this big go through COPY, which skips SQL parsing of every row.
 COPY_THRESHOLD = 64
@@ -180,16 +184,35 @@ RESET_WORKER_TIMEOUTS = """
 # one JSON parameter that jsonb_to_recordset unpacks into typed columns. Each row lands
 # only where its lease token still matches; RETURNING names the rows that landed.
 # A row another session holds locked (task code's or an operator's open transaction, a
-# reaper) is skipped, never waited for: one locked row must not hold up every outcome
-# of the batch, and the claims that share this session, for as long as a lock can last.
-# The writer asks which rows were skipped (``store.leases_still_held``) and writes those
-# again later. Rows are locked by their tuple id, which the UPDATE then reaches without
-# a second index probe (about 1.9 µs a row more than an UPDATE that would wait).
+# reaper) must not hold up every outcome of the batch, and the claims that share this
+# session, for as long as a lock can last. So the statement waits for row locks at most
+# OUTCOME_LOCK_WAIT (set for its own transaction, by the argument evaluated before any
+# row is read: no round trip of its own), long enough for the worker's own short locks
+# (a lease renewal); past that it fails with lock_not_available, and the batch is
+# written again with UPDATE_OUTCOMES_SKIPPING_LOCKED. Skipping every time would cost
+# each row a lock of its own (about 2 µs a row more). Parameters: the records (JSON).
 # {assignments}: "column = v.column" for each column the outcomes set;
 # {record_columns}: ", column type" for each.
-UPDATE_OUTCOMES = """
+OUTCOME_LOCK_WAIT = "100ms"
+UPDATE_OUTCOMES = f"""
+    UPDATE django_tasks_plus_taskrecord task SET
+        status = v.status, lease_token = NULL, lease_expires_at = NULL{{assignments}}
+    FROM jsonb_to_recordset(
+            CASE WHEN set_config('lock_timeout', '{OUTCOME_LOCK_WAIT}', true) IS NULL
+                 THEN NULL ELSE %s::jsonb END
+         ) AS v(id uuid, lease_token text, status text{{record_columns}})
+    WHERE task.id = v.id AND task.lease_token = v.lease_token AND task.status = 'RUNNING'
+    RETURNING task.id::text
+"""
+
+# The same outcomes, skipping the rows another session holds locked instead of waiting:
+# the writer asks which rows were skipped (``store.leases_still_held``) and writes them
+# again later. For a batch that met a lock, the outcomes written again, and batches in
+# a transaction (with outcome hooks, or several statements), where a failed statement
+# would spoil the rest. Same parameters and fragments as UPDATE_OUTCOMES.
+UPDATE_OUTCOMES_SKIPPING_LOCKED = """
     WITH free AS (
-        SELECT task.ctid AS row_id, v.*
+        SELECT v.*
         FROM jsonb_to_recordset(%s::jsonb)
             AS v(id uuid, lease_token text, status text{record_columns})
         JOIN django_tasks_plus_taskrecord task ON task.id = v.id
@@ -199,7 +222,7 @@ UPDATE_OUTCOMES = """
     UPDATE django_tasks_plus_taskrecord task SET
         status = v.status, lease_token = NULL, lease_expires_at = NULL{assignments}
     FROM free v
-    WHERE task.ctid = v.row_id
+    WHERE task.id = v.id AND task.lease_token = v.lease_token AND task.status = 'RUNNING'
     RETURNING task.id::text
 """
 
@@ -357,16 +380,32 @@ class PostgreSQLDialect(Dialect):
         return len({_statement_columns(outcome) for _, outcome in completions}) == 1
 
     def write_outcomes(
-        self, connection: BaseDatabaseWrapper, completions: Sequence[Completion]
+        self,
+        connection: BaseDatabaseWrapper,
+        completions: Sequence[Completion],
+        *,
+        expect_locks: bool = False,
     ) -> list[bool]:
-        """One ``UPDATE_OUTCOMES`` per set of columns the outcomes set."""
+        """One ``UPDATE_OUTCOMES`` per set of columns the outcomes set, waiting for a
+        row lock at most ``OUTCOME_LOCK_WAIT``; on a longer lock, or with
+        ``expect_locks`` or inside a transaction, ``UPDATE_OUTCOMES_SKIPPING_LOCKED``."""
         groups: dict[tuple[str, ...], list[Completion]] = {}
         for claimed, outcome in completions:
             groups.setdefault(_statement_columns(outcome), []).append((claimed, outcome))
+        # A failed statement would spoil a transaction: there, skip locked rows at once.
+        skip_at_once = expect_locks or connection.in_atomic_block or not connection.get_autocommit()
         landed: set[str] = set()
         for names, members in groups.items():
             records = _records(names, members, connection.timezone_name)
-            rows = fetch_all(connection, _update_outcomes_sql(names), [records])
+            rows = None
+            if not skip_at_once:
+                try:
+                    rows = fetch_all(connection, _update_outcomes_sql(names), [records])
+                except OperationalError as exc:
+                    if not _lock_not_available(exc):
+                        raise
+            if rows is None:
+                rows = fetch_all(connection, _skipping_locked_sql(names), [records])
             landed.update(row[0] for row in rows)  # the ids as text, as claims hold them
         return [claimed.id in landed for claimed, _ in completions]
 
@@ -448,10 +487,27 @@ def _statement_columns(outcome: Transition) -> tuple[str, ...]:
 @lru_cache(maxsize=64)
 def _update_outcomes_sql(names: tuple[str, ...]) -> str:
     """``UPDATE_OUTCOMES`` for outcomes that set ``names``: built once per set of columns."""
-    return UPDATE_OUTCOMES.format(
-        assignments="".join(f", {column(name)} = {_record_value(name)}" for name in names),
-        record_columns="".join(f", {name} {_record_type(name)}" for name in names),
-    )
+    return UPDATE_OUTCOMES.format(**_outcome_fragments(names))
+
+
+@lru_cache(maxsize=64)
+def _skipping_locked_sql(names: tuple[str, ...]) -> str:
+    """``UPDATE_OUTCOMES_SKIPPING_LOCKED`` for outcomes that set ``names``."""
+    return UPDATE_OUTCOMES_SKIPPING_LOCKED.format(**_outcome_fragments(names))
+
+
+def _outcome_fragments(names: tuple[str, ...]) -> dict[str, str]:
+    return {
+        "assignments": "".join(f", {column(name)} = {_record_value(name)}" for name in names),
+        "record_columns": "".join(f", {name} {_record_type(name)}" for name in names),
+    }
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    """Whether ``exc`` (Django's, or the driver's under it) is PostgreSQL's
+    lock_not_available: a lock timeout, not a lost connection."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return getattr(cause, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def _internal_type(name: str) -> str:

@@ -11,11 +11,11 @@ callback that raises is logged with its task's id: nothing one task holds can en
 thread.
 
 A row another session holds locked (task code's or an operator's open transaction) is
-skipped by the write, not waited for (``Dialect.write_outcomes``): its outcome is set
-aside and written again shortly, alone or with later outcomes, until it lands, its lease
-is found gone, or ``persist_deadline`` passes (then its lease expires and the task is
-retried). So one locked row never holds up the outcomes behind it, nor the claims that
-share the session.
+skipped by the write after a short wait at most (``Dialect.write_outcomes``): its
+outcome is set aside and written again shortly, alone or with later outcomes, until it
+lands, its lease is found gone, or ``persist_deadline`` passes (then its lease expires
+and the task is retried). So one locked row never holds up the outcomes behind it, nor
+the claims that share the session.
 
 Each write is one turn on ``session``, the session the worker's claim loop takes turns
 on too (``sessions.py``): the two latency-critical writers share one session, and no
@@ -220,17 +220,23 @@ class Reporter(threading.Thread):
             except BaseException:
                 logger.exception("Handing on the follow-ups of a batch of outcomes failed")
 
-    def _write(self, completions: list[tuple[ClaimedTask, Transition]]) -> list[bool]:
+    def _write(
+        self, completions: list[tuple[ClaimedTask, Transition]], *, expect_locks: bool = False
+    ) -> list[bool]:
         with self.session.turn():
             worker_connection(self.database, self.persist_deadline)
-            return apply_transitions(self.database, completions)
+            return apply_transitions(self.database, completions, expect_locks=expect_locks)
 
     def _flush(self, batch: list[_Submitted]) -> None:
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
         while True:
             try:
-                landed = self._write([(item.claimed, item.outcome) for item in batch])
+                landed = self._write(
+                    [(item.claimed, item.outcome) for item in batch],
+                    # Outcomes set aside for a locked row: skip it at once if still locked.
+                    expect_locks=any(item.give_up_at is not None for item in batch),
+                )
             except _TRANSIENT as exc:
                 if time.monotonic() + delay > deadline:
                     logger.error(
@@ -263,7 +269,7 @@ class Reporter(threading.Thread):
         for item in batch:
             claimed, outcome = item.claimed, item.outcome
             try:
-                [ok] = self._write([(claimed, outcome)])
+                [ok] = self._write([(claimed, outcome)], expect_locks=True)
             except _TRANSIENT:
                 logger.exception("Could not write the outcome of task %s", claimed.id)
                 item.settle(False)
