@@ -157,7 +157,9 @@ class Reporter(threading.Thread):
             # bounded by its give_up_at) before the thread ends.
             while self._parked:
                 time.sleep(self._until_due())
-                self._write_batch(self._take_due())
+                due = self._take_due()
+                if due:
+                    self._write_batch(due)
         finally:
             connections[self.database].close()
             if self._own_session:
