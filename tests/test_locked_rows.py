@@ -287,3 +287,43 @@ def test_the_reaper_skips_a_locked_expired_row_and_returns_the_others():
     )
     assert reap_expired(backend, timezone.now) == 1  # free again: returned now
     assert _status(locked) == TaskResultStatus.READY
+
+
+# -- the scheduler ------------------------------------------------------------------------
+
+
+def test_the_scheduler_skips_a_locked_schedule_and_fires_the_others():
+    """A schedule row the application keeps locked (editing it in an open transaction)
+    stays due and fires once the lock is gone; the other due schedules fire meanwhile."""
+    from django_tasks_plus.models import ScheduleRecord
+    from django_tasks_plus.schedules import Every, api
+    from django_tasks_plus.schedules.store import fire_due
+
+    past = timezone.now() - timedelta(seconds=1)
+    rows = [
+        api.create(name, "tests.tasks.add", Every(hours=1), args=[1, 2])
+        for name in ("locked", "free")
+    ]
+    ScheduleRecord.objects.filter(pk__in=[row.pk for row in rows]).update(next_at=past)
+    settings = task_backends["default"].settings
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"SELECT 1 FROM {ScheduleRecord._meta.db_table} WHERE name = 'locked' FOR UPDATE"
+        )
+        with lock_timeout(5.0):
+            began = time.monotonic()
+            assert fire_due(settings, timezone.now) == 1
+            assert time.monotonic() - began < 1.0
+        fired = set(
+            ScheduleRecord.objects.filter(last_fired_at__isnull=False).values_list(
+                "name", flat=True
+            )
+        )
+        assert fired == {"free"}
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert fire_due(settings, timezone.now) == 1  # the lock is gone: it fires now
+    assert ScheduleRecord.objects.filter(last_fired_at__isnull=True).count() == 0

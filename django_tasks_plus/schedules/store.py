@@ -245,15 +245,19 @@ def fire_batch(
     *,
     careful: bool = False,
 ) -> int:
-    """Fire the schedules ``pks`` that are still due, in one transaction: lock their rows
-    (in primary key order, as every batch does, so two schedulers cannot deadlock), fire
-    each, record the occurrences and move the rows on. ``careful``: each occurrence in a
-    savepoint, a failed enqueue recorded as skipped; else any failure raises."""
+    """Fire the schedules ``pks`` that are still due, in one transaction: lock their rows,
+    fire each, record the occurrences and move the rows on. ``careful``: each occurrence
+    in a savepoint, a failed enqueue recorded as skipped; else any failure raises.
+
+    A row another session holds locked (another scheduler firing it, an operator's or
+    the application's open transaction editing it) is skipped, not waited for: it stays
+    due, so it is fired on a later tick, and one locked row never holds up the others
+    (nor can two schedulers deadlock)."""
     database = settings.database
     with transaction.atomic(using=database):
         locked = list(
             ScheduleRecord.objects.using(database)
-            .select_for_update()
+            .select_for_update(skip_locked=True)
             .filter(pk__in=pks, enabled=True, paused=False)
             .order_by("pk")
         )
