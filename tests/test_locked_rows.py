@@ -289,6 +289,26 @@ def test_the_reaper_skips_a_locked_expired_row_and_returns_the_others():
     assert _status(locked) == TaskResultStatus.READY
 
 
+def test_a_release_at_shutdown_leaves_a_locked_row_to_its_lease():
+    from django_tasks_plus.db.completions import apply_outcome
+    from django_tasks_plus.lifecycle import Released
+
+    locked, free = _claimed(2)
+    backend = task_backends["default"]
+    released = {
+        claimed.id: transition(
+            claimed, Released(), policy=backend.settings.retry, now=timezone.now()
+        )
+        for claimed in (locked, free)
+    }
+    with row_locked(locked.id), lock_timeout(5.0):
+        began = time.monotonic()
+        assert apply_outcome("default", locked, released[locked.id], skip_locked=True) is False
+        assert time.monotonic() - began < 1.0
+        assert apply_outcome("default", free, released[free.id], skip_locked=True) is True
+    assert (_status(locked), _status(free)) == (TaskResultStatus.RUNNING, TaskResultStatus.READY)
+
+
 # -- the scheduler ------------------------------------------------------------------------
 
 

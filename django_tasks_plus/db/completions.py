@@ -61,15 +61,17 @@ def apply_outcome(
     outcome: Transition,
     *,
     only_if_expired: bool = False,
+    skip_locked: bool = False,
 ) -> bool:
     """Write one outcome outside the reporter (the reaper, a release at shutdown) with
     the outcome hooks, as ``apply_transitions`` does; one autocommit statement when no
-    hook is registered."""
+    hook is registered. The fences are ``store.apply_transition``'s."""
+    fences = {"only_if_expired": only_if_expired, "skip_locked": skip_locked}
     if not outcome_hooks:
-        return apply_transition(database, claimed, outcome, only_if_expired=only_if_expired)
+        return apply_transition(database, claimed, outcome, **fences)
     connection = connections[database]
     with transaction.atomic(using=database):
-        landed = apply_transition(database, claimed, outcome, only_if_expired=only_if_expired)
+        landed = apply_transition(database, claimed, outcome, **fences)
         if landed:
             run_outcome_hooks(connection, database, [WrittenOutcome(claimed, outcome)])
         return landed

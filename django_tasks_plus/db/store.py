@@ -36,26 +36,27 @@ def apply_transition(
     transition: Transition,
     *,
     only_if_expired: bool = False,
+    skip_locked: bool = False,
 ) -> bool:
     """Write ``transition`` if ``task``'s lease is still held; return whether it landed.
 
     ``only_if_expired`` is the reaper's extra fence: it only takes rows whose lease is
     still expired by the database's clock, so a heartbeat that renewed the lease a moment
-    ago wins. The reaper also skips a row another session holds locked (where the
-    database has row locks) rather than wait for it: the row is reaped in a later round,
-    and one locked row cannot hold up the return of every other expired lease.
+    ago wins. ``skip_locked``: a row another session holds locked (where the database
+    has row locks) does not land, rather than being waited for; the caller comes back to
+    it (the reaper in a later round) or leaves it to its lease's expiry.
     """
     rows = TaskRecord.objects.using(database).filter(
         pk=task.id, lease_token=task.lease_token, status=TaskResultStatus.RUNNING
     )
+    dialect = dialect_for(connections[database])
     if only_if_expired:
-        dialect = dialect_for(connections[database])
         rows = rows.filter(lease_expires_at__lt=RawSQL(dialect.now_sql, ()))
-        if dialect.skip_locked_rows_sql:
-            free = f"SELECT id FROM {TaskRecord._meta.db_table} WHERE id = %s"
-            rows = rows.filter(
-                pk__in=RawSQL(free + dialect.skip_locked_rows_sql, (uuid.UUID(task.id),))
-            )
+    if skip_locked and dialect.skip_locked_rows_sql:
+        free = f"SELECT id FROM {TaskRecord._meta.db_table} WHERE id = %s"
+        rows = rows.filter(
+            pk__in=RawSQL(free + dialect.skip_locked_rows_sql, (uuid.UUID(task.id),))
+        )
     updated = rows.update(
         status=transition.status, lease_token=None, lease_expires_at=None, **transition.values
     )

@@ -715,10 +715,12 @@ class Worker:
         return abandoned
 
     def _release(self, task: ClaimedTask) -> None:
+        """Hand an unstarted claim back. A row another session holds locked is left to
+        its lease's expiry rather than waited for: shutdown has a deadline."""
         outcome = outcome_for(self.backend, task, Released(), task=None, now=self.clock())
         try:
             with self.claim_session.turn():
-                apply_outcome(self.database, task, outcome)
+                apply_outcome(self.database, task, outcome, skip_locked=True)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
 

@@ -5,7 +5,9 @@ worker's reaper then treats each such attempt as failed with ``LeaseExpired``: t
 retry policy decides between READY (attempt counted) and dead letter. Expiry is judged by
 the database's clock, so a worker on a host whose clock runs ahead cannot take a live
 task. Each write is fenced by the dead worker's token and by the lease still being
-expired, so two reapers, or a worker that wakes up late, cannot both win.
+expired, so two reapers, or a worker that wakes up late, cannot both win. A row another
+session holds locked is skipped, not waited for, and returned in a later round: one
+locked row never holds up the return of the others.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _write(
     """
     database = backend.settings.database
     try:
-        landed = apply_outcome(database, claimed, outcome, only_if_expired=True)
+        landed = apply_outcome(database, claimed, outcome, only_if_expired=True, skip_locked=True)
     except (DataError, IntegrityError) as problem:
         logger.error(
             "Task %s: the outcome of its expired lease cannot be stored (%s); "
@@ -70,7 +72,9 @@ def _write(
         )
         outcome = unstorable_outcome(claimed, outcome, problem, now=now)
         try:
-            landed = apply_outcome(database, claimed, outcome, only_if_expired=True)
+            landed = apply_outcome(
+                database, claimed, outcome, only_if_expired=True, skip_locked=True
+            )
         except (DataError, IntegrityError):
             logger.exception("Task %s: could not record the failure either", claimed.id)
             return None
