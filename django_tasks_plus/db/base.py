@@ -522,8 +522,7 @@ class Dialect(ABC):
     ) -> set[tuple[str, str]]:
         """Extend every ``(id, token)`` lease still held (``sql.RENEW_LEASES``) to
         ``visibility_timeout`` seconds after its row is written; return the pairs renewed."""
-        ids = sorted({task_id for task_id, _ in leases})
-        tokens = sorted({token for _, token in leases})
+        ids, tokens = lease_parts(leases)
         expiry_sql, expiry_params = self.lease_expiry(visibility_timeout)
         statement = sql.RENEW_LEASES.format(
             lease_expiry=expiry_sql,
@@ -552,6 +551,13 @@ class Dialect(ABC):
     @cached_property
     def _expired_tasks_sql(self) -> str:
         return sql.EXPIRED_TASKS.format(claim_columns=", ".join(CLAIM_COLUMNS), now=self.now_sql)
+
+
+def lease_parts(leases: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The distinct task ids and lease tokens of ``(id, token)`` pairs, each sorted: what
+    a renewal statement matches rows by (its result is then checked pair by pair)."""
+    pairs = list(leases)
+    return sorted({task_id for task_id, _ in pairs}), sorted({token for _, token in pairs})
 
 
 def sort_claimed(claimed: list[ClaimedTask]) -> list[ClaimedTask]:

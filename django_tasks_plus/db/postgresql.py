@@ -28,6 +28,7 @@ from .base import (
     claimed_from_row,
     column,
     insert_statements,
+    lease_parts,
     sort_claimed,
     table,
 )
@@ -441,8 +442,7 @@ class PostgreSQLDialect(Dialect):
         """``RENEW_LEASES_SKIPPING_LOCKED``: a row another session holds locked is held
         still, renewed once it is free."""
         leases = set(leases)
-        ids = sorted({task_id for task_id, _ in leases})
-        tokens = sorted({token for _, token in leases})
+        ids, tokens = lease_parts(leases)
         with connection.cursor() as cursor:
             cursor.execute(RENEW_LEASES_SKIPPING_LOCKED, [ids, tokens, visibility_timeout])
             return {(row[0], row[1]) for row in cursor.fetchall()} & leases
