@@ -285,12 +285,19 @@ class Reporter(threading.Thread):
     def _settle_written(self, batch: list[_Submitted], landed: list[bool]) -> None:
         """Tell each submitter whether its row landed, except where the write skipped a
         row another session held locked: that outcome is set aside and written again."""
-        missed = [item for item, ok in zip(batch, landed, strict=True) if not ok]
-        held = self._still_held(missed) if missed else set()
-        now = time.monotonic()
+        missed = []
         for item, ok in zip(batch, landed, strict=True):
-            if ok or (item.claimed.id, item.claimed.lease_token) not in held:
-                item.settle(ok)
+            if ok:
+                item.settle(True)
+            else:
+                missed.append(item)
+        if not missed:
+            return
+        held = self._still_held(missed)
+        now = time.monotonic()
+        for item in missed:
+            if (item.claimed.id, item.claimed.lease_token) not in held:
+                item.settle(False)
                 continue
             if item.give_up_at is None:
                 item.give_up_at = now + self.persist_deadline
@@ -308,16 +315,19 @@ class Reporter(threading.Thread):
 
     def _still_held(self, missed: list[_Submitted]) -> set[tuple[str, str]]:
         """Which of the outcomes that did not land still hold their lease: their rows
-        were locked, not taken over. Unknown (the database unreachable) counts as held:
+        were locked, not taken over. Unknown (the question failed) counts as held:
         writing again is fenced, and ``give_up_at`` bounds it."""
         leases = [(item.claimed.id, item.claimed.lease_token) for item in missed]
         try:
             with self.session.turn():
                 worker_connection(self.database, self.persist_deadline)
                 return leases_still_held(self.database, leases)
-        except _TRANSIENT as exc:
+        except Exception as exc:
             logger.warning(
-                "Could not tell whether %d lease(s) are still held (%s)", len(leases), exc
+                "Could not tell whether %d lease(s) are still held (%s); their outcomes "
+                "will be written again.",
+                len(leases),
+                exc,
             )
             return set(leases)
 
