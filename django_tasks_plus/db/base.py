@@ -431,6 +431,12 @@ class Dialect(ABC):
             (value,) = cursor.fetchone()
         return self.parse_time(value)
 
+    def prepare_worker(self) -> None:
+        """Load what every worker process loads for its first writes, once, in the
+        process that forks them: pages loaded before the fork are shared by all of them
+        (``worker.engine.prepare_to_fork``). Nothing by default."""
+        return None
+
     def bound_worker_statements(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
         """Make the worker's own statements on ``connection`` give up after ``seconds``
         instead of waiting without end (a stalled table must not hang the worker's

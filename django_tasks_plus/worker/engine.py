@@ -107,15 +107,17 @@ def installed_version() -> str:
 
 def prepare_to_fork(config: WorkerConfig) -> None:
     """Do once, in the supervisor, the start-up work every forked worker would repeat:
-    import the task modules, read the installed version, open a first database session
-    (the driver's and Django's per-process state). Memory written before the fork is
-    shared by all children; the same work in each child costs each its own copy (1.8 MB
-    off two workers' summed PSS, docs/performance.md). A database that is down is left
-    to the workers, which report it as they do today."""
+    import the task modules, read the installed version, load what the dialect's writes
+    need (``Dialect.prepare_worker``), open a first database session (the driver's and
+    Django's per-process state). Memory written before the fork is shared by all
+    children; the same work in each child costs each its own copy (1.8 MB off two
+    workers' summed PSS, docs/performance.md). A database that is down is left to the
+    workers, which report it as they do today."""
     backend = cast("DatabaseBackend", task_backends[config.backend_alias])
     discover_task_modules(backend.settings)
     installed_version()
     database = backend.settings.database
+    dialect_for(connections[database]).prepare_worker()
     with outside_the_pool(database), contextlib.suppress(DatabaseError):
         connection = connections[database]
         try:
