@@ -28,6 +28,18 @@ def test_the_supervisor_prepares_the_start_up_once_and_keeps_no_session():
     assert installed_version() == installed_version.__wrapped__()
 
 
+def test_the_supervisor_loads_what_the_workers_outcome_writes_need():
+    """On PostgreSQL, msgspec's encoder for outcome batches: loaded before the fork, it
+    is one copy shared by every worker rather than one per worker."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's outcome writes only")
+    from django_tasks_plus.db import postgresql
+
+    postgresql._fast_records.cache_clear()
+    prepare_to_fork(WorkerConfig.from_settings(worker_id="prepare"))
+    assert postgresql._fast_records.cache_info().currsize == 1
+
+
 def test_forked_workers_run_every_task_after_the_preparation(run_worker):
     results = [tasks.add.enqueue(n, n) for n in range(40)]
     proc = run_worker("--burst", "--processes", "2", "--concurrency", "2", "--prefetch", "2")
