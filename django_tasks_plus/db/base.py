@@ -364,8 +364,6 @@ class Dialect(ABC):
     CONCURRENTLY``; ``db/migration_operations.py``)."""
     now_sql: str
     """The database's current time, as SQL: for comparisons (due, expired)."""
-    lock_rows_sql: str = ""
-    """Appended to a sub-select to lock its rows (where the database has row locks)."""
     skip_locked_rows_sql: str = ""
     """Appended to a sub-select to lock its rows, passing over rows another session has
     locked (where the database can; the pruner then never waits for a redrive)."""
@@ -527,14 +525,15 @@ class Dialect(ABC):
         visibility_timeout: float,
     ) -> set[tuple[str, str]]:
         """Extend every ``(id, token)`` lease still held (``sql.RENEW_LEASES``) to
-        ``visibility_timeout`` seconds after its row is written; return the pairs renewed."""
+        ``visibility_timeout`` seconds after its row is written; return the pairs renewed.
+        For a database without row locks; one with them overrides this to skip a locked
+        row and count it held (PostgreSQL's)."""
         ids, tokens = lease_parts(leases)
         expiry_sql, expiry_params = self.lease_expiry(visibility_timeout)
         statement = sql.RENEW_LEASES.format(
             lease_expiry=expiry_sql,
             ids=sql.placeholders(len(ids)),
             tokens=sql.placeholders(len(tokens)),
-            lock_rows=self.lock_rows_sql,
         )
         params = [
             *expiry_params,

@@ -276,7 +276,6 @@ class PostgreSQLDialect(Dialect):
     supports_advisory_locks = True
     builds_indexes_concurrently = True
     now_sql = NOW
-    lock_rows_sql = " FOR UPDATE"
     skip_locked_rows_sql = " FOR UPDATE SKIP LOCKED"
     json_param = "%s::jsonb"
     driver_takes_plain_values = True

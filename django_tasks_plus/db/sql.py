@@ -5,7 +5,6 @@ differs and the dialect fills it once (``Dialect`` documents each fragment):
 
 - ``{now}``: the database's clock, read inside the statement (``Dialect.now_sql``);
 - ``{lease_expiry}``: "N seconds from now", read when the row is written;
-- ``{lock_rows}``: locks the rows a sub-select reads, where the database has row locks;
 - ``{skip_locked}``: skips rows another claim holds, where the database can;
 - ``{served}``: the served queues as rows of (backend_name, queue_name);
 - ``{json}``: a parameter of JSON text read as the column's JSON type.
@@ -137,17 +136,19 @@ CLAIM_CANDIDATES_CORRELATED = """
         LIMIT %s
 """
 
-# Extend every lease still held, in one statement. The rows are locked by the sub-select
-# first ({lock_rows}), so {lease_expiry} is read after any wait for another session's row
-# lock: a renewal that waited still grants a whole lease. Returns the (id, token) pairs
-# renewed; the caller counts the others as lost (one statement, so a task that finishes
-# meanwhile is never mistaken for a lost lease by a second look).
+# Extend every lease still held, in one statement, for a database that locks no single
+# rows (SQLite locks the whole database): {lease_expiry} is read when the row is written,
+# after any wait for the database's lock, so a renewal that waited still grants a whole
+# lease. A database with row locks must skip a locked row rather than wait for it, and
+# still count it held (postgresql.RENEW_LEASES_SKIPPING_LOCKED). Returns the (id, token)
+# pairs renewed; the caller counts the others as lost (one statement, so a task that
+# finishes meanwhile is never mistaken for a lost lease by a second look).
 # Parameters: the expiry's, the ids ({ids} placeholders), the tokens ({tokens}).
 RENEW_LEASES = """
     UPDATE django_tasks_plus_taskrecord SET lease_expires_at = {lease_expiry}
     WHERE id IN (
         SELECT id FROM django_tasks_plus_taskrecord
-        WHERE id IN ({ids}) AND lease_token IN ({tokens}) AND status = 'RUNNING'{lock_rows}
+        WHERE id IN ({ids}) AND lease_token IN ({tokens}) AND status = 'RUNNING'
     )
     RETURNING id, lease_token
 """
