@@ -150,7 +150,8 @@ class Reporter(threading.Thread):
                         stopping = True
                         break
                     batch.append(cast(_Submitted, more))
-                batch = self._take_due() + batch
+                if self._parked:
+                    batch = self._take_due() + batch
                 if batch:
                     self._write_batch(batch)
             # Outcomes set aside for a locked row get their remaining chances (each is
