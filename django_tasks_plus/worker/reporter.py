@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -137,19 +137,20 @@ class Reporter(threading.Thread):
         try:
             stopping = False
             while not stopping:
-                item = self._next(block=True)
+                item = self._wait_next()
                 if item is _STOP:
                     stopping = True
                     item = None
-                batch: list[_Submitted] = [] if item is None else [cast(_Submitted, item)]
+                batch: list[_Submitted] = [] if item is None else [item]
                 while not stopping and len(batch) < MAX_BATCH:
-                    more = self._next(block=False)
-                    if more is None:
+                    try:  # inline: once per outcome
+                        more = self._inbox.get_nowait()
+                    except queue.Empty:
                         break
                     if more is _STOP:
                         stopping = True
                         break
-                    batch.append(cast(_Submitted, more))
+                    batch.append(more)
                 if self._parked:
                     batch = self._take_due() + batch
                 if batch:
@@ -166,12 +167,10 @@ class Reporter(threading.Thread):
             if self._own_session:
                 self.session.close()
 
-    def _next(self, *, block: bool) -> object | None:
-        """The next submitted item (or ``_STOP``); None when none came: at once if not
-        ``block``, else by the time an outcome set aside is due to be written again."""
+    def _wait_next(self) -> Any:
+        """The next submitted item (or ``_STOP``); None when none came by the time an
+        outcome set aside is due to be written again."""
         try:
-            if not block:
-                return self._inbox.get_nowait()
             if not self._parked:
                 return self._inbox.get()
             return self._inbox.get(timeout=self._until_due())
