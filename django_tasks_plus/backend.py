@@ -21,6 +21,7 @@ from .codec import DecodeError
 from .collector import PAUSE_FROM, collector_paused
 from .conf import BackendSettings, parse_settings, queue_name_problem
 from .db import UnsupportedDatabase, dialect_for
+from .db.rowlock import OPERATOR_LOCK_WAIT, task_row_held
 from .definition import Task, resolve_task, task_enqueue_middleware, validate_task_options
 from .envelope import (
     EnqueueHandler,
@@ -362,84 +363,101 @@ class DatabaseBackend(compat.BaseTaskBackend):
 
     # -- operations ---------------------------------------------------------------------
 
-    def cancel(self, result_id: str) -> CancelOutcome:
-        """Cancel a task: READY never runs; RUNNING is asked to stop; finished is left."""
+    def cancel(self, result_id: str, *, lock_wait: float = OPERATOR_LOCK_WAIT) -> CancelOutcome:
+        """Cancel a task: READY never runs; RUNNING is asked to stop; finished is left.
+
+        Like every operator's change below, it waits at most ``lock_wait`` seconds for a
+        row another session holds locked, then raises ``TaskRowLocked`` having changed
+        nothing (``db/rowlock.py``)."""
         from .db.store import cancel_ready, request_cancel
 
         database = self.settings.database
-        for _ in range(3):  # the task may move between READY and RUNNING meanwhile
+        for _ in range(3):  # where rows are not locked, it may move between READY and RUNNING
             record = self._record(result_id)
             task_id = str(record.pk)
-            if record.status == compat.TaskResultStatus.READY:
-                now = timezone.now()
-                cancelled = Cancelled("cancelled before it ran")
-                error = error_record(
-                    cancelled,
-                    "",
-                    attempt=record.attempt,
-                    worker_id=None,
-                    at=now,
-                )
-                if cancel_ready(database, task_id, error, now):
-                    self._event_on_commit(events.TASK_CANCELLED, record)
-                    transaction.on_commit(
-                        partial(self._announce_final, task_id, cancelled), using=database
+            with task_row_held(database, task_id, lock_wait):
+                if record.status == compat.TaskResultStatus.READY:
+                    now = timezone.now()
+                    cancelled = Cancelled("cancelled before it ran")
+                    error = error_record(
+                        cancelled,
+                        "",
+                        attempt=record.attempt,
+                        worker_id=None,
+                        at=now,
                     )
-                    return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
-            elif record.status == compat.TaskResultStatus.RUNNING:
-                if request_cancel(database, task_id):
-                    self._event_on_commit(events.TASK_CANCEL_REQUESTED, record)
-                    return CancelOutcome(
-                        task_id, "cancel_requested", compat.TaskResultStatus.RUNNING
-                    )
-            else:
-                return CancelOutcome(task_id, "already_finished", record.status)
+                    if cancel_ready(database, task_id, error, now):
+                        self._event_on_commit(events.TASK_CANCELLED, record)
+                        transaction.on_commit(
+                            partial(self._announce_final, task_id, cancelled), using=database
+                        )
+                        return CancelOutcome(task_id, "cancelled", compat.TaskResultStatus.FAILED)
+                elif record.status == compat.TaskResultStatus.RUNNING:
+                    if request_cancel(database, task_id):
+                        self._event_on_commit(events.TASK_CANCEL_REQUESTED, record)
+                        return CancelOutcome(
+                            task_id, "cancel_requested", compat.TaskResultStatus.RUNNING
+                        )
+                else:
+                    return CancelOutcome(task_id, "already_finished", record.status)
         record = self._record(result_id)
         return CancelOutcome(str(record.pk), "already_finished", record.status)
 
-    def redrive(self, result_id: str) -> bool:
+    def redrive(self, result_id: str, *, lock_wait: float = OPERATOR_LOCK_WAIT) -> bool:
         """Run a dead-lettered (FAILED) task again with a fresh retry budget."""
         from .db.store import redrive
 
         record = self._record(result_id)
         clear = run_keys()  # per-run metadata ends with the run
-        if not redrive(
-            self.settings.database,
-            str(record.pk),
-            timezone.now(),
-            clear_metadata=clear,
-            queue=self._wakes(record),
-        ):
-            return False
-        self._event_on_commit(events.TASK_REDRIVEN, record)
+        database = self.settings.database
+        with task_row_held(database, str(record.pk), lock_wait):
+            if not redrive(
+                database,
+                str(record.pk),
+                timezone.now(),
+                clear_metadata=clear,
+                queue=self._wakes(record),
+            ):
+                return False
+            self._event_on_commit(events.TASK_REDRIVEN, record)
         return True
 
-    def run_now(self, result_id: str, *, attempt: int | None = None) -> bool:
+    def run_now(
+        self,
+        result_id: str,
+        *,
+        attempt: int | None = None,
+        lock_wait: float = OPERATOR_LOCK_WAIT,
+    ) -> bool:
         """Make a READY task that waits for its time (a retry, a scheduled or a held
         task) due now; False if it is not READY, already due, or (``attempt`` given) in
         another wait than that one. A held task's circuit still decides at its claim."""
         from .db.store import run_now
 
         record = self._record(result_id)
-        return run_now(
-            self.settings.database, str(record.pk), attempt=attempt, queue=self._wakes(record)
-        )
+        database = self.settings.database
+        with task_row_held(database, str(record.pk), lock_wait):
+            return run_now(database, str(record.pk), attempt=attempt, queue=self._wakes(record))
 
-    def delete(self, result_id: str) -> bool:
+    def delete(self, result_id: str, *, lock_wait: float = OPERATOR_LOCK_WAIT) -> bool:
         """Delete a task that is not RUNNING (waiting or finished); False if it runs."""
         from .db.store import delete
 
         record = self._record(result_id)
-        return delete(self.settings.database, str(record.pk))
+        database = self.settings.database
+        with task_row_held(database, str(record.pk), lock_wait):
+            return delete(database, str(record.pk))
 
-    def discard(self, result_id: str) -> bool:
+    def discard(self, result_id: str, *, lock_wait: float = OPERATOR_LOCK_WAIT) -> bool:
         """Keep a dead task dead but release the ordering key it blocks."""
         from .db.store import discard
 
         record = self._record(result_id)
-        if not discard(self.settings.database, str(record.pk), queue=self._wakes(record)):
-            return False
-        self._event_on_commit(events.TASK_DISCARDED, record)
+        database = self.settings.database
+        with task_row_held(database, str(record.pk), lock_wait):
+            if not discard(database, str(record.pk), queue=self._wakes(record)):
+                return False
+            self._event_on_commit(events.TASK_DISCARDED, record)
         return True
 
     def _wakes(self, record: Any) -> str | None:

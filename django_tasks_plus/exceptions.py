@@ -133,6 +133,21 @@ class DatabaseUnavailable(TasksPlusError):
     retryable = True
 
 
+class TaskRowLocked(TasksPlusError):
+    """An operator's change to a task (cancel, redrive, run now, discard, delete) met
+    the task's row locked by another database session for longer than it may wait: a
+    transaction still open in task code, a script or a ``psql`` session. Nothing was
+    changed; try again once that transaction ends. Attributes: ``task_id``, ``waited``
+    (seconds)."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, task_id: str, waited: float) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.waited = waited
+
+
 class LeaseExpired(TasksPlusError):
     """Recorded as the error of an attempt whose worker stopped renewing its lease."""
 
@@ -260,6 +275,7 @@ __all__ = [
     "ReturnValueNotSerializable",
     "TaskDeferred",
     "TaskNotRegistered",
+    "TaskRowLocked",
     "TaskTimeout",
     "TasksPlusError",
     "TimeOutOfRange",

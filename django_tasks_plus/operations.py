@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from . import compat
+from .db.rowlock import OPERATOR_LOCK_WAIT
 from .exceptions import InvalidBackendOptions, TasksPlusError
 
 if TYPE_CHECKING:
@@ -85,33 +86,61 @@ def get_metadata(
     return _backend(result, backend).get_metadata(_id(result))
 
 
-def cancel(result: compat.TaskResult | str, *, backend: str | None = None) -> CancelOutcome:
-    """Cancel a task: READY never runs, RUNNING is asked to stop, finished is left alone."""
-    return _backend(result, backend).cancel(_id(result))
+def cancel(
+    result: compat.TaskResult | str,
+    *,
+    backend: str | None = None,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
+) -> CancelOutcome:
+    """Cancel a task: READY never runs, RUNNING is asked to stop, finished is left alone.
+
+    This and each change below waits at most ``lock_wait`` seconds for a task row
+    another database session holds locked, then raises ``TaskRowLocked`` having changed
+    nothing."""
+    return _backend(result, backend).cancel(_id(result), lock_wait=lock_wait)
 
 
-def redrive(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
+def redrive(
+    result: compat.TaskResult | str,
+    *,
+    backend: str | None = None,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
+) -> bool:
     """Run a dead-lettered task again with a fresh retry budget; False if it is not FAILED."""
-    return _backend(result, backend).redrive(_id(result))
+    return _backend(result, backend).redrive(_id(result), lock_wait=lock_wait)
 
 
 def run_now(
-    result: compat.TaskResult | str, *, backend: str | None = None, attempt: int | None = None
+    result: compat.TaskResult | str,
+    *,
+    backend: str | None = None,
+    attempt: int | None = None,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
 ) -> bool:
     """Run a waiting task now (a retry, a scheduled or a held one): READY and due from
     now on; False if it was not waiting for its time. ``attempt``: only if it still is
     in the wait after that many attempts (a worker may have run it meanwhile)."""
-    return _backend(result, backend).run_now(_id(result), attempt=attempt)
+    return _backend(result, backend).run_now(_id(result), attempt=attempt, lock_wait=lock_wait)
 
 
-def delete(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
+def delete(
+    result: compat.TaskResult | str,
+    *,
+    backend: str | None = None,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
+) -> bool:
     """Delete a task unless it is RUNNING (cancel it first); False if it was left."""
-    return _backend(result, backend).delete(_id(result))
+    return _backend(result, backend).delete(_id(result), lock_wait=lock_wait)
 
 
-def discard(result: compat.TaskResult | str, *, backend: str | None = None) -> bool:
+def discard(
+    result: compat.TaskResult | str,
+    *,
+    backend: str | None = None,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
+) -> bool:
     """Release the ordering key a dead task blocks; the task itself stays FAILED."""
-    return _backend(result, backend).discard(_id(result))
+    return _backend(result, backend).discard(_id(result), lock_wait=lock_wait)
 
 
 def prune_dedup_keys(

@@ -30,14 +30,16 @@ from django_tasks_plus import (
     InvalidTaskOptions,
     PayloadTooLarge,
     TaskResultStatus,
+    TaskRowLocked,
     TimeOutOfRange,
+    cancel,
     task,
 )
 from django_tasks_plus.compat import InvalidTask, TaskResultDoesNotExist, task_backends
 from django_tasks_plus.conf import parse_settings
 from django_tasks_plus.models import DedupKey, TaskRecord
 from tests import tasks
-from tests.conftest import REFUSED_DATABASE
+from tests.conftest import REFUSED_DATABASE, postgres_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -440,6 +442,28 @@ def test_database_unavailable_at_enqueue(tmp_path):
     assert info.value.retryable
     assert info.value.__cause__ is not None
     assert nothing_written()
+
+
+@row(
+    "Cancel, redrive, run now, discard or delete of a task whose row another session keeps locked",
+    "TaskRowLocked",
+)
+@postgres_only  # SQLite has no row locks: it waits for the database's by its busy timeout
+def test_an_operators_change_to_a_locked_row():
+    from tests.test_locked_rows import row_locked
+
+    task_id = tasks.add.enqueue(1, 2).id
+    with row_locked(task_id), transaction.atomic():
+        with pytest.raises(TaskRowLocked) as info:
+            cancel(task_id, lock_wait=0.2)
+        assert TaskRecord.objects.count() == 1  # the caller's transaction is still usable
+    assert str(info.value).startswith(
+        f"Task {task_id}: another database session holds its row locked (a transaction "
+        "still open in task code, a script or a psql session); waited 0."
+    )
+    assert str(info.value).endswith(" s and changed nothing. Try again once that transaction ends.")
+    assert info.value.retryable and info.value.task_id == task_id
+    assert TaskRecord.objects.get(pk=task_id).status == "READY"
 
 
 @row("Enqueue fails inside the caller's transaction", "InvalidTaskArguments")

@@ -11,43 +11,47 @@ commands do, events included.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from .. import operations
 from ..compat import InvalidTaskBackend, TaskResultDoesNotExist, TaskResultStatus
-from ..exceptions import TasksPlusError
+from ..db.rowlock import LockPatience
+from ..exceptions import TaskRowLocked, TasksPlusError
 from ..models import TaskRecord
 from .base import log_change
 
 BATCH = 500
+LOCKED_NAMED = 10  # ids a message names of the rows left locked
 LOADED = ("id", "backend_name", "task_path", "status", "queue_name", "attempt", "held_since")
 
 
-def _cancel(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
-    return operations.cancel(task_id, backend=backend).outcome != "already_finished"
+def _cancel(task_id: str, *, backend: str, seen: TaskRecord, lock_wait: float) -> bool:
+    outcome = operations.cancel(task_id, backend=backend, lock_wait=lock_wait)
+    return outcome.outcome != "already_finished"
 
 
-def _redrive(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
-    return operations.redrive(task_id, backend=backend)
+def _redrive(task_id: str, *, backend: str, seen: TaskRecord, lock_wait: float) -> bool:
+    return operations.redrive(task_id, backend=backend, lock_wait=lock_wait)
 
 
-def _discard(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
-    return operations.discard(task_id, backend=backend)
+def _discard(task_id: str, *, backend: str, seen: TaskRecord, lock_wait: float) -> bool:
+    return operations.discard(task_id, backend=backend, lock_wait=lock_wait)
 
 
-def _run_now(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
+def _run_now(task_id: str, *, backend: str, seen: TaskRecord, lock_wait: float) -> bool:
     """Guarded by the attempt count the row had when read: a task a worker claimed (and
     perhaps rescheduled) since is in another wait, and is left to it."""
-    return operations.run_now(task_id, backend=backend, attempt=seen.attempt)
+    return operations.run_now(task_id, backend=backend, attempt=seen.attempt, lock_wait=lock_wait)
 
 
-def _delete(task_id: str, *, backend: str, seen: TaskRecord) -> bool:
-    return operations.delete(task_id, backend=backend)
+def _delete(task_id: str, *, backend: str, seen: TaskRecord, lock_wait: float) -> bool:
+    return operations.delete(task_id, backend=backend, lock_wait=lock_wait)
 
 
 def _left_alone(done: int, skipped: int, one: str, many: str) -> str:
@@ -61,7 +65,7 @@ class Operation:
     name: str
     codename: str  # the permission, in this app
     verb: str  # for the admin log: "Redriven from the admin."
-    run: Callable[..., bool]  # (task id, *, backend, seen row) -> whether the row changed
+    run: Callable[..., bool]  # (task id, *, backend, seen row, lock_wait) -> whether it changed
     statuses: tuple[str, ...]  # the rows it can change
     done: tuple[str, str]  # ngettext pair
     skipped: tuple[str, str]
@@ -136,19 +140,42 @@ class Outcome:
     skipped: int = 0
     problems: list[str] | None = None
     held: int = 0  # tasks made due now that a circuit breaker had held
+    locked: list[str] = field(default_factory=list)  # ids another session held locked
+
+    def locked_message(self) -> str:
+        """One line for every task left unchanged because its row stayed locked."""
+        count = len(self.locked)
+        named = ", ".join(self.locked[:LOCKED_NAMED])
+        more = _(", and %(count)d more") % {"count": count - LOCKED_NAMED}
+        return ngettext(
+            "%(count)d task was left unchanged: another database session held its row "
+            "locked (%(ids)s). Try again once that transaction ends.",
+            "%(count)d tasks were left unchanged: another database session held their "
+            "rows locked (%(ids)s). Try again once that transaction ends.",
+            count,
+        ) % {"count": count, "ids": named + (more if count > LOCKED_NAMED else "")}
 
 
 def apply(
     request: HttpRequest, operation: Operation, records: Iterable[TaskRecord], *, note: str = ""
 ) -> Outcome:
     """Run ``operation`` on each record; log the changed ones under ``request.user``,
-    with ``note`` (e.g. the filter that selected them) after the verb."""
+    with ``note`` (e.g. the filter that selected them) after the verb. Rows another
+    session holds locked are waited for within one ``LockPatience`` for the whole
+    action, so the request answers even if a transaction holds thousands of them."""
     outcome = Outcome(problems=[])
     changed: list[TaskRecord] = []
     message = f"{operation.verb} from the admin{note}."
+    patience = LockPatience()
     for record in records:
         try:
-            did = operation.run(str(record.pk), backend=record.backend_name, seen=record)
+            did = operation.run(
+                str(record.pk), backend=record.backend_name, seen=record, lock_wait=patience.wait()
+            )
+        except TaskRowLocked as exc:
+            patience.gave_up(exc)
+            outcome.locked.append(str(record.pk))
+            continue
         except (TasksPlusError, InvalidTaskBackend, TaskResultDoesNotExist) as exc:
             assert outcome.problems is not None
             outcome.problems.append(f"{record.pk}: {exc}")

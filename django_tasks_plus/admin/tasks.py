@@ -754,6 +754,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         outcome = ops.apply(request, operation, ops.in_batches(queryset), note=note)
         for problem in outcome.problems or ():
             self.message_user(request, problem, messages.ERROR)
+        if outcome.locked:
+            self.message_user(request, outcome.locked_message(), messages.ERROR)
         self.message_user(
             request, operation.summary(outcome.done, outcome.skipped), messages.SUCCESS
         )

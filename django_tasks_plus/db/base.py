@@ -377,6 +377,11 @@ class Dialect(ABC):
     """Whether ``manage.py searchindex`` can build GIN indexes for JSON containment
     (``db/search_index.py``); elsewhere the admin's JSON search reads the rows."""
 
+    def lock_not_available(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the database refusing a lock another session holds (a
+        ``NOWAIT`` that met one, or a lock timeout), not any other failure."""
+        return False
+
     def json_contains(self, column: str, key: str | None, value: Any) -> tuple[str, list[Any]]:
         """SQL (and its parameters) true when the JSON in ``column`` holds ``value``: as
         an element of the array (``key`` None), else under ``key`` of the object. The

@@ -281,6 +281,9 @@ class PostgreSQLDialect(Dialect):
     driver_takes_plain_values = True
     has_search_indexes = True
 
+    def lock_not_available(self, exc: BaseException) -> bool:
+        return _lock_not_available(exc)
+
     def without_json_keys(self, column: str, keys: Sequence[str]) -> tuple[str, list[Any]]:
         return WITHOUT_JSON_KEYS.format(column=column), [list(keys)]
 

@@ -40,7 +40,10 @@ WHERE id IN (
 
 DELETE_FINISHED_BY_ID = f"""
 DELETE FROM {TASKS}
-WHERE id IN ({{ids}}) AND status IN ({{statuses}}) AND NOT ordering_blocked"""
+WHERE id IN (
+    SELECT id FROM {TASKS}
+    WHERE id IN ({{ids}}) AND status IN ({{statuses}}) AND NOT ordering_blocked{{skip_locked}}
+)"""
 
 
 def delete_finished(
@@ -65,13 +68,16 @@ def delete_finished(
 
 def delete_finished_by_id(database: str, task_ids: Sequence[str]) -> int:
     """Delete those of ``task_ids`` that are finished (and hold no ordering key); return
-    how many. One statement: callers pass a bounded batch."""
+    how many. One statement: callers pass a bounded batch. Rows another session holds
+    locked are passed over, as ``delete_finished`` does, and stay."""
     if not task_ids:
         return 0
     connection = connections[database]
     field = TaskRecord._meta.get_field("id")
     statement = DELETE_FINISHED_BY_ID.format(
-        ids=", ".join(["%s"] * len(task_ids)), statuses=", ".join(["%s"] * len(FINISHED))
+        ids=", ".join(["%s"] * len(task_ids)),
+        statuses=", ".join(["%s"] * len(FINISHED)),
+        skip_locked=dialect_for(connection).skip_locked_rows_sql,
     )
     params: list[Any] = [field.get_db_prep_value(task_id, connection) for task_id in task_ids]
     with connection.cursor() as cursor:

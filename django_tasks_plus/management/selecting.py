@@ -16,6 +16,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ..backend import DatabaseBackend
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS
+from ..db.rowlock import LockPatience
+from ..exceptions import TaskRowLocked
 from ..operations import BackendNotUsable, database_backend
 from ..selection import (
     SHORT_ID,
@@ -59,6 +61,19 @@ def skipped_text(skipped: dict[str, str], why: str) -> str:
     )
     more = f", … {len(skipped) - SAMPLE} more" if len(skipped) > SAMPLE else ""
     return f" Skipped {len(skipped)} {why}: {listed}{more}."
+
+
+def locked_text(locked: list[str]) -> str:
+    """`` Left 2 unchanged: another database session held their rows locked: …``."""
+    if not locked:
+        return ""
+    listed = ", ".join(locked[:SAMPLE])
+    more = f", … {len(locked) - SAMPLE} more" if len(locked) > SAMPLE else ""
+    return (
+        f" Left {plural(len(locked), 'task')} unchanged: another database session held "
+        f"{'its row' if len(locked) == 1 else 'their rows'} locked ({listed}{more}). "
+        "Run the command again once that transaction ends."
+    )
 
 
 class SelectingCommand(BaseCommand):
@@ -131,8 +146,10 @@ class SelectingCommand(BaseCommand):
             help="Do not ask for confirmation when a filter matches more than one task.",
         )
 
-    def act(self, backend: DatabaseBackend, row: Row) -> str:
-        """Act on one task; return the outcome's key in ``summary()``'s counts."""
+    def act(self, backend: DatabaseBackend, row: Row, lock_wait: float) -> str:
+        """Act on one task; return the outcome's key in ``summary()``'s counts. A row
+        another session holds locked past ``lock_wait`` seconds raises
+        ``TaskRowLocked``."""
         raise NotImplementedError
 
     def summary(self, outcomes: Counter[str], skipped: dict[str, str]) -> str:
@@ -142,12 +159,19 @@ class SelectingCommand(BaseCommand):
         self, backend: DatabaseBackend, rows: Iterable[Row]
     ) -> tuple[Counter[str], dict[str, str]]:
         """Act on every matching row: the outcomes' counts, and why each skipped task
-        (by id) was skipped. One ``act()`` per row; a command acting on rows in batches
-        (``prunetasks``) overrides this."""
+        (by id) was skipped; rows left locked go to ``self.locked``. One ``act()`` per
+        row, waiting for locked rows within one ``LockPatience`` for the whole command;
+        a command acting on rows in batches (``prunetasks``) overrides this."""
         outcomes: Counter[str] = Counter()
         skipped: dict[str, str] = {}
+        patience = LockPatience()
         for row in rows:
-            outcome = self.act(backend, row)
+            try:
+                outcome = self.act(backend, row, patience.wait())
+            except TaskRowLocked as exc:
+                patience.gave_up(exc)
+                self.locked.append(row.id)
+                continue
             outcomes[outcome] += 1
             if outcome.startswith("skipped"):
                 skipped[row.id] = outcome
@@ -169,10 +193,11 @@ class SelectingCommand(BaseCommand):
             return
         if by_filter and total > 1 and not options["yes"]:
             self._confirm(total, selection)
+        self.locked: list[str] = []
         outcomes, skipped = self.act_on_all(backend, matching(selection, database))
         done = sum(n for key, n in outcomes.items() if not key.startswith("skipped"))
-        message = self.summary(outcomes, skipped)
-        if done == 0:
+        message = self.summary(outcomes, skipped) + locked_text(self.locked)
+        if done == 0 or self.locked:  # a locked row is work left undone: exit non-zero
             raise CommandError(message)
         self.stdout.write(message)
 

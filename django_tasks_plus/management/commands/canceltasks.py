@@ -24,8 +24,8 @@ class Command(SelectingCommand):
     verb = "cancel"
     statuses = (TaskResultStatus.READY.value, TaskResultStatus.RUNNING.value)
 
-    def act(self, backend: DatabaseBackend, row: Row) -> str:
-        outcome = backend.cancel(row.id)
+    def act(self, backend: DatabaseBackend, row: Row, lock_wait: float) -> str:
+        outcome = backend.cancel(row.id, lock_wait=lock_wait)
         if outcome.outcome == "already_finished":
             return f"skipped: {outcome.status}"
         return outcome.outcome

@@ -5,7 +5,8 @@ backend whose workers do not run, a retention turned off, or a one-off clean-up
 (``--finished-before 7d --status successful``). Only finished tasks are deleted
 (SUCCESSFUL, FAILED); a FAILED task that blocks its ordering key is kept (discard or
 redrive it first). The matching rows are deleted ``--batch-size`` at a time, each batch
-one short statement, so a million rows never sit in one transaction.
+one short statement, so a million rows never sit in one transaction. A row another
+session holds locked is passed over, not waited for, and named at the end.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from django.core.management.base import CommandError, CommandParser
 from ...backend import DatabaseBackend
 from ...compat import TaskResultStatus
 from ...conf import UNFINISHED_STATUSES, positive_int_problem
-from ...db.retention import delete_finished_by_id
+from ...db.retention import FINISHED, delete_finished_by_id
 from ...models import TaskRecord
 from ...selection import Row
 from ..selecting import SelectingCommand, plural, skipped_text
 
 BATCH_SIZE = 1000
+LOCKED = "locked"  # ``_kept``'s reason for a finished row the DELETE passed over
 
 
 def batches(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
@@ -80,7 +82,9 @@ class Command(SelectingCommand):
             self.batches_run += 1
             kept = self._kept(database, ids) if deleted < len(ids) else {}
             for row in batch:
-                if row.id in kept:
+                if kept.get(row.id) == LOCKED:
+                    self.locked.append(row.id)
+                elif row.id in kept:
                     skipped[row.id] = f"skipped: {kept[row.id]}"
                     outcomes["skipped"] += 1
                 else:
@@ -91,10 +95,14 @@ class Command(SelectingCommand):
 
     @staticmethod
     def _kept(database: str, ids: list[str]) -> dict[str, str]:
-        """Why each of ``ids`` still exists after the batch's DELETE."""
+        """Why each of ``ids`` still exists after the batch's DELETE: it blocks its
+        ordering key, it is no longer finished (its status), or, finished and free, its
+        row was locked by another session (``LOCKED``)."""
         rows = TaskRecord.objects.using(database).filter(pk__in=ids)
         return {
-            str(pk): "blocks its ordering key" if blocked else status
+            str(pk): "blocks its ordering key"
+            if blocked
+            else (LOCKED if status in FINISHED else status)
             for pk, status, blocked in rows.values_list("pk", "status", "ordering_blocked")
         }
 

@@ -23,8 +23,8 @@ class Command(SelectingCommand):
     verb = "redrive"
     statuses = (TaskResultStatus.FAILED.value,)
 
-    def act(self, backend: DatabaseBackend, row: Row) -> str:
-        if backend.redrive(row.id):
+    def act(self, backend: DatabaseBackend, row: Row, lock_wait: float) -> str:
+        if backend.redrive(row.id, lock_wait=lock_wait):
             return "redriven"
         # Not FAILED when selected (named by id), or redriven by someone else meanwhile.
         status = row.status if row.status != TaskResultStatus.FAILED else "no longer FAILED"

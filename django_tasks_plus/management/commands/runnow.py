@@ -27,8 +27,8 @@ class Command(SelectingCommand):
     verb = "run now"
     statuses = (TaskResultStatus.READY.value,)
 
-    def act(self, backend: DatabaseBackend, row: Row) -> str:
-        if backend.run_now(row.id, attempt=row.attempt):
+    def act(self, backend: DatabaseBackend, row: Row, lock_wait: float) -> str:
+        if backend.run_now(row.id, attempt=row.attempt, lock_wait=lock_wait):
             return "made due"
         # Due already, not READY, or claimed by a worker since it was read.
         status = row.status if row.status != TaskResultStatus.READY else "not waiting"

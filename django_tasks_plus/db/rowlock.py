@@ -1,0 +1,95 @@
+"""An operator's change to one task row, waiting a bounded time for the row's lock.
+
+Cancel, redrive, run now, discard and delete (from app code, the admin, the commands)
+each change one task row. A session that keeps that row locked (task code inside a long
+transaction, a script, a ``psql`` session left open) would make the change wait until
+that transaction ends: an admin request that never answers, a command stuck at one row
+of thousands. So the row is locked first with ``NOWAIT``, tried again after short pauses
+until a deadline, and past it the change raises ``TaskRowLocked`` having changed
+nothing. The worker's own locks on a row last milliseconds and are waited out.
+
+Where the database has no row locks (SQLite locks the whole file, and waits for it by
+its busy timeout) the change runs as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from django.db import DatabaseError, connections, transaction
+
+from ..exceptions import TaskRowLocked
+from . import dialect_for
+
+OPERATOR_LOCK_WAIT = 5.0
+"""Seconds an operator's change to one task waits for its row by default."""
+
+FIRST_PAUSE = 0.01
+LONGEST_PAUSE = 0.25
+
+
+@contextmanager
+def task_row_held(database: str, task_id: str, wait: float = OPERATOR_LOCK_WAIT) -> Iterator[None]:
+    """Run the block in a transaction holding ``task_id``'s row lock, taken within
+    ``wait`` seconds (``0``: one try); else raise ``TaskRowLocked``.
+
+    Inside a caller's transaction the lock is taken in a savepoint, so a refused try
+    leaves that transaction usable; the lock then lasts until the caller's commit, as
+    the change's own would. A task that no longer exists is not an error here: the
+    change finds no row, as it would have."""
+    connection = connections[database]
+    if not connection.features.has_select_for_update:
+        yield
+        return
+    from ..models import TaskRecord  # the models: not at import, as db/ is loaded early
+
+    dialect = dialect_for(connection)
+    rows = TaskRecord.objects.using(database).select_for_update(nowait=True).filter(pk=task_id)
+    began = time.monotonic()
+    pause = FIRST_PAUSE
+    while True:
+        held = False
+        try:
+            with transaction.atomic(using=database):
+                list(rows.values_list("pk", flat=True))
+                held = True
+                yield
+            return
+        except DatabaseError as exc:
+            if held or not dialect.lock_not_available(exc):
+                raise
+        waited = time.monotonic() - began
+        if waited >= wait:
+            raise TaskRowLocked(
+                f"Task {task_id}: another database session holds its row locked (a "
+                f"transaction still open in task code, a script or a psql session); "
+                f"waited {waited:.1f} s and changed nothing. Try again once that "
+                "transaction ends.",
+                task_id=task_id,
+                waited=waited,
+            )
+        time.sleep(min(pause, wait - waited))  # the last try falls on the deadline
+        pause = min(pause * 2, LONGEST_PAUSE)
+
+
+@dataclass
+class LockPatience:
+    """How long one bulk action (the admin's, a command's) waits, in all, for rows other
+    sessions hold: each row may wait ``per_row`` seconds until ``total`` seconds have
+    gone to rows that stayed locked; then each gets one try, so a long transaction that
+    holds a thousand of the rows costs the action seconds, not hours."""
+
+    per_row: float = OPERATOR_LOCK_WAIT
+    total: float = 2 * OPERATOR_LOCK_WAIT
+    spent: float = 0.0
+
+    def wait(self) -> float:
+        """What the next row may wait."""
+        return max(0.0, min(self.per_row, self.total - self.spent))
+
+    def gave_up(self, error: TaskRowLocked) -> None:
+        """Count a row that stayed locked past its wait."""
+        self.spent += error.waited
