@@ -15,6 +15,7 @@ its busy timeout) the change runs as before.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ from django.db import DatabaseError, connections, transaction
 
 from ..exceptions import TaskRowLocked
 from . import dialect_for
+from .sql import TASKS
+
+# One task's row, locked for the change, or refused at once if another session holds it.
+LOCK_ROW = f"SELECT 1 FROM {TASKS} WHERE id = %s FOR UPDATE NOWAIT"
 
 OPERATOR_LOCK_WAIT = 5.0
 """Seconds an operator's change to one task waits for its row by default."""
@@ -41,20 +46,19 @@ def task_row_held(database: str, task_id: str, wait: float = OPERATOR_LOCK_WAIT)
     the change's own would. A task that no longer exists is not an error here: the
     change finds no row, as it would have."""
     connection = connections[database]
-    if not connection.features.has_select_for_update:
+    if not connection.features.has_select_for_update_nowait:
         yield
         return
-    from ..models import TaskRecord  # the models: not at import, as db/ is loaded early
-
     dialect = dialect_for(connection)
-    rows = TaskRecord.objects.using(database).select_for_update(nowait=True).filter(pk=task_id)
+    key = uuid.UUID(task_id)
     began = time.monotonic()
     pause = FIRST_PAUSE
     while True:
         held = False
         try:
             with transaction.atomic(using=database):
-                list(rows.values_list("pk", flat=True))
+                with connection.cursor() as cursor:
+                    cursor.execute(LOCK_ROW, [key])
                 held = True
                 yield
             return
