@@ -347,3 +347,101 @@ def test_the_scheduler_skips_a_locked_schedule_and_fires_the_others():
         other.close()
     assert fire_due(settings, timezone.now) == 1  # the lock is gone: it fires now
     assert ScheduleRecord.objects.filter(last_fired_at__isnull=True).count() == 0
+
+
+# -- circuit breakers -----------------------------------------------------------------------
+
+BREAKERS = "django_tasks_plus_breakerrecord"
+
+
+@contextlib.contextmanager
+def circuit_locked(name: str, key: str, **columns: object) -> Iterator[None]:
+    """A stored circuit whose row another session's open transaction holds locked."""
+    from django_tasks_plus.models import BreakerRecord
+
+    BreakerRecord.objects.create(
+        backend_name="default", name=name, key=key, updated_at=timezone.now(), **columns
+    )
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"SELECT 1 FROM {BREAKERS} WHERE name = %s AND key = %s FOR UPDATE", [name, key]
+        )
+        yield
+        other.execute("COMMIT")
+    finally:
+        other.close()
+
+
+def _session_lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        return cursor.fetchone()[0]
+
+
+def test_a_circuit_decision_waits_for_a_locked_row_only_so_long(monkeypatch):
+    """The decision (or record) then fails with a lock timeout, which its callers turn
+    into a short hold or a failure not counted, and the session's setting is as it was."""
+    from django.db import OperationalError, transaction
+
+    from django_tasks_plus.db import breakers
+
+    monkeypatch.setattr(breakers, "CIRCUIT_LOCK_WAIT", 0.3)
+    with circuit_locked("local", "locked-host"):
+        began = time.monotonic()
+        with pytest.raises(OperationalError, match="lock timeout"), transaction.atomic():
+            breakers.locked_circuit("default", "default", "local", "locked-host", timezone.now())
+        took = time.monotonic() - began
+        assert 0.25 <= took < 1.5, took
+        with transaction.atomic():  # a free row: locked, and the bound undone after it
+            before = _session_lock_timeout()
+            breakers.locked_circuit("default", "default", "local", "free-host", timezone.now())
+            assert _session_lock_timeout() == before
+    assert _session_lock_timeout() == "0"
+
+
+def test_a_shorter_lock_timeout_of_the_session_is_kept():
+    from django.db import transaction
+
+    from django_tasks_plus.db import dialect_for
+
+    dialect = dialect_for(connection)
+    with lock_timeout(0.2), transaction.atomic():
+        with dialect.lock_wait_bounded(connection, 5.0):
+            assert _session_lock_timeout() == "200ms"
+        with dialect.lock_wait_bounded(connection, 0.05):
+            assert _session_lock_timeout() == "50ms"
+        assert _session_lock_timeout() == "200ms"
+
+
+def test_holding_and_releasing_a_keys_tasks_pass_over_a_locked_task():
+    from django_tasks_plus.db.breakers import park_tasks, release_tasks
+
+    now = timezone.now()
+    ids = [tasks.add.enqueue(n, n).id for n in range(3)]
+    TaskRecord.objects.filter(pk__in=ids).update(breaker_key="local/h")  # as if held by it
+    with row_locked(ids[0]), lock_timeout(5.0):
+        began = time.monotonic()
+        assert park_tasks("default", "default", "local/h", now + timedelta(hours=1), now) == 2
+        assert release_tasks("default", "default", "local/h", now) == 2
+        assert time.monotonic() - began < 1.0
+    assert park_tasks("default", "default", "local/h", now + timedelta(hours=1), now) == 3
+
+
+def test_a_locked_circuit_row_costs_its_task_a_record_not_the_worker(run_worker):
+    """A task fails under a circuit whose row a session keeps locked: recording the
+    failure gives up after its wait (logged), the attempt's own outcome is written, and
+    the worker goes on. Before, the task thread waited for the lock without end."""
+    result = tasks.held_past_ttl.enqueue(0)
+    with circuit_locked("ttl", "ttl-host"):
+        began = time.monotonic()
+        proc = run_worker("--burst", "--concurrency", "1", timeout=60)
+        took = time.monotonic() - began
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert took < 30, took
+    log = proc.stdout + proc.stderr
+    assert "Circuit breaker ttl/ttl-host: could not record the failure of task" in log
+    assert "lock timeout" in log
+    row = TaskRecord.objects.get(pk=result.id)
+    assert (row.status, row.attempt) == ("FAILED", 1)

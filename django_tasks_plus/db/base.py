@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cache, cached_property
 from operator import attrgetter
@@ -452,6 +453,16 @@ class Dialect(ABC):
         """Undo ``bound_worker_statements`` on ``connection``'s session, if it was bounded:
         its settings back to what the session started with (``db/unpooled.py``)."""
         return None
+
+    @contextmanager
+    def lock_wait_bounded(self, connection: BaseDatabaseWrapper, seconds: float) -> Iterator[None]:
+        """Inside a transaction on ``connection``: the block's statements wait at most
+        ``seconds`` for a lock, then fail with an error ``lock_not_available`` knows (a
+        shorter bound the session has stays). For the locks other sessions take for
+        short moments, where a session that keeps one must not stall the caller.
+
+        The default does nothing: a database without such a setting waits as it waits."""
+        yield
 
     # -- enqueue -------------------------------------------------------------------------
 

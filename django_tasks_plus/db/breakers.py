@@ -11,16 +11,22 @@ hosts with skewed clocks agree.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Case, Count, F, IntegerField, Value, When
+from django.db.models import Case, Count, F, IntegerField, QuerySet, Value, When
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from ..compat import TaskResultStatus
 from ..models import BreakerRecord, TaskRecord
 from . import dialect_for
+
+# Seconds a circuit's decision or record waits for its row, which workers lock for a
+# moment each; far longer than that means a session keeps it locked.
+CIRCUIT_LOCK_WAIT = 5.0
 
 # The columns a circuit is stored in, in the order ``breaker.parse_circuit`` takes them.
 CIRCUIT_COLUMNS = (
@@ -31,6 +37,15 @@ CIRCUIT_COLUMNS = (
     "probe_started_at",
     "parked_until",
 )
+
+
+def _bounded_lock_wait(database: str) -> AbstractContextManager[None]:
+    """Wait at most ``CIRCUIT_LOCK_WAIT`` for the circuit's row: a session that keeps
+    it locked (a transaction left open) fails the decision or the record, which the
+    callers survive (a short hold, a failure not counted), instead of stalling every
+    task thread whose task uses that circuit."""
+    connection = connections[database]
+    return dialect_for(connection).lock_wait_bounded(connection, CIRCUIT_LOCK_WAIT)
 
 
 def database_now(database: str) -> datetime:
@@ -59,16 +74,17 @@ def locked_circuit(
     Must run inside ``transaction.atomic(using=database)``. Creates a closed row first
     when there is none, so two workers deciding about a new key queue on one row.
     """
-    BreakerRecord.objects.using(database).bulk_create(
-        [BreakerRecord(backend_name=backend_name, name=name, key=key, updated_at=now)],
-        ignore_conflicts=True,
-    )
-    row = (
-        _rows(database, backend_name, name, key)
-        .select_for_update()
-        .values_list(*CIRCUIT_COLUMNS)
-        .first()
-    )
+    with _bounded_lock_wait(database):
+        BreakerRecord.objects.using(database).bulk_create(
+            [BreakerRecord(backend_name=backend_name, name=name, key=key, updated_at=now)],
+            ignore_conflicts=True,
+        )
+        row = (
+            _rows(database, backend_name, name, key)
+            .select_for_update()
+            .values_list(*CIRCUIT_COLUMNS)
+            .first()
+        )
     if row is None:  # an operator deleted it between the two statements
         return ("closed", "[]", None, None, None, None)
     return tuple(row)
@@ -79,12 +95,13 @@ def locked_existing_circuit(
 ) -> tuple[Any, ...] | None:
     """The circuit's columns, its row locked until the caller's transaction ends; None
     (and nothing created) when no circuit is stored. Must run inside ``atomic()``."""
-    row = (
-        _rows(database, backend_name, name, key)
-        .select_for_update()
-        .values_list(*CIRCUIT_COLUMNS)
-        .first()
-    )
+    with _bounded_lock_wait(database):
+        row = (
+            _rows(database, backend_name, name, key)
+            .select_for_update()
+            .values_list(*CIRCUIT_COLUMNS)
+            .first()
+        )
     return None if row is None else tuple(row)
 
 
@@ -143,32 +160,41 @@ def park_tasks(
     """Hold every waiting task of the key until ``until`` in one statement; how many.
 
     A task already due later keeps its time; ``held_since`` keeps the first hold's time.
-    """
-    return (
-        TaskRecord.objects.using(database)
-        .filter(
-            backend_name=backend_name,
-            breaker_key=breaker_key,
-            status=TaskResultStatus.READY,
-            run_after__lt=until,
-        )
-        .update(run_after=until, held_since=Coalesce(F("held_since"), Value(now)))
+    A task whose row another session holds locked is left out: the breaker holds it
+    when it is claimed."""
+    rows = TaskRecord.objects.using(database).filter(
+        backend_name=backend_name,
+        breaker_key=breaker_key,
+        status=TaskResultStatus.READY,
+        run_after__lt=until,
     )
+    return _unlocked(rows).update(run_after=until, held_since=Coalesce(F("held_since"), Value(now)))
 
 
 def release_tasks(database: str, backend_name: str, breaker_key: str, now: datetime) -> int:
-    """Make the key's held tasks due now (its circuit closed); how many."""
-    return (
-        TaskRecord.objects.using(database)
-        .filter(
-            backend_name=backend_name,
-            breaker_key=breaker_key,
-            status=TaskResultStatus.READY,
-            held_since__isnull=False,
-            run_after__gt=now,
-        )
-        .update(run_after=now)
+    """Make the key's held tasks due now (its circuit closed); how many. A task whose
+    row another session holds locked stays held until its hold ends."""
+    rows = TaskRecord.objects.using(database).filter(
+        backend_name=backend_name,
+        breaker_key=breaker_key,
+        status=TaskResultStatus.READY,
+        held_since__isnull=False,
+        run_after__gt=now,
     )
+    return _unlocked(rows).update(run_after=now)
+
+
+def _unlocked(rows: QuerySet[TaskRecord]) -> QuerySet[TaskRecord]:
+    """``rows`` less those another session holds locked, where the database has row
+    locks: a statement over every task of a key runs under the circuit's row lock (or
+    in a task thread), and one task row a transaction keeps locked must not stall it.
+    A task left out is held or released at its own claim instead."""
+    connection = connections[rows.db]
+    suffix = dialect_for(connection).skip_locked_rows_sql
+    if not suffix:
+        return rows
+    ids, params = rows.values("pk").query.get_compiler(connection=connection).as_sql()
+    return rows.filter(pk__in=RawSQL(ids + suffix, params))
 
 
 def running_leases(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import select
 import zoneinfo
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -250,6 +251,21 @@ RENEW_LEASES_SKIPPING_LOCKED = f"""
     SELECT id::text, lease_token FROM mine
 """
 
+# This transaction's lock_timeout, bounded to %s milliseconds unless the session's is
+# shorter already; returns the setting it replaced, for RESTORE_LOCK_WAIT.
+BOUND_LOCK_WAIT = """
+    SELECT previous, set_config(
+        'lock_timeout',
+        CASE WHEN bound > 0 AND bound < %s THEN previous ELSE %s::text || 'ms' END,
+        true
+    )
+    FROM (
+        SELECT current_setting('lock_timeout') AS previous,
+               EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval) * 1000 AS bound
+    ) AS setting
+"""
+RESTORE_LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
+
 # PostgreSQL types of the record columns, so values arrive with the column's type.
 _PG_TYPES = {
     "UUIDField": "uuid",
@@ -472,6 +488,16 @@ class PostgreSQLDialect(Dialect):
         with connection.cursor() as cursor:
             cursor.execute(SET_WORKER_TIMEOUTS, [str(milliseconds), str(max(1, milliseconds // 3))])
         session.bounded_seconds = seconds
+
+    @contextmanager
+    def lock_wait_bounded(self, connection: BaseDatabaseWrapper, seconds: float) -> Iterator[None]:
+        with connection.cursor() as cursor:
+            milliseconds = max(1, int(seconds * 1000))
+            cursor.execute(BOUND_LOCK_WAIT, [milliseconds, str(milliseconds)])
+            previous = cursor.fetchone()[0]
+        yield
+        with connection.cursor() as cursor:  # not reached if the block failed: then
+            cursor.execute(RESTORE_LOCK_WAIT, [previous])  # its rollback undoes the bound
 
     def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
         raw = connection.connection
