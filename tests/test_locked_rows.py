@@ -445,3 +445,34 @@ def test_a_locked_circuit_row_costs_its_task_a_record_not_the_worker(run_worker)
     assert "lock timeout" in log
     row = TaskRecord.objects.get(pk=result.id)
     assert (row.status, row.attempt) == ("FAILED", 1)
+
+
+def test_a_change_to_a_locked_schedule_gives_up_and_changes_nothing(monkeypatch):
+    """Pause, resume, run now, update and delete wait for a schedule row another session
+    keeps locked only so long, then raise ``ScheduleLocked`` (a ``ScheduleError``, which
+    the admin's actions and ``manage.py schedules`` report)."""
+    from django_tasks_plus.models import ScheduleRecord
+    from django_tasks_plus.schedules import Every, ScheduleError, ScheduleLocked, api
+
+    monkeypatch.setattr(api, "OPERATOR_LOCK_WAIT", 0.3)
+    api.create("nightly", "tests.tasks.add", Every(hours=1), args=[1, 2])
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"SELECT 1 FROM {ScheduleRecord._meta.db_table} WHERE name = 'nightly' FOR UPDATE"
+        )
+        for change in (api.pause, api.run_now, api.delete):
+            began = time.monotonic()
+            with pytest.raises(ScheduleLocked, match="another database session holds its row"):
+                change("nightly")
+            assert 0.25 <= time.monotonic() - began < 1.5
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert issubclass(ScheduleLocked, ScheduleError) and ScheduleLocked.retryable
+    row = ScheduleRecord.objects.get(name="nightly")
+    assert not row.paused and row.last_task_id is None
+    assert _session_lock_timeout() == "0"
+    api.pause("nightly")  # the lock is gone
+    assert ScheduleRecord.objects.get(name="nightly").paused

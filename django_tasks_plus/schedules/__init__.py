@@ -6,7 +6,13 @@ enqueues each occurrence exactly once. See docs/schedules.md.
 """
 
 from .declared import Scheduled
-from .errors import InvalidSchedule, ScheduleError, ScheduleNotEditable, ScheduleNotFound
+from .errors import (
+    InvalidSchedule,
+    ScheduleError,
+    ScheduleLocked,
+    ScheduleNotEditable,
+    ScheduleNotFound,
+)
 from .occurrence import Occurrence, occurrence_of
 from .timing import Cron, Every
 
@@ -16,6 +22,7 @@ __all__ = [
     "InvalidSchedule",
     "Occurrence",
     "ScheduleError",
+    "ScheduleLocked",
     "ScheduleNotEditable",
     "ScheduleNotFound",
     "Scheduled",

@@ -12,14 +12,16 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.utils import timezone
 
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_PRIORITY
+from ..db import dialect_for
+from ..db.rowlock import OPERATOR_LOCK_WAIT
 from ..models import ScheduleRecord
 from ..operations import database_backend
 from .declared import RUNTIME, Definition, default_timezone, validated
-from .errors import InvalidSchedule, ScheduleNotEditable, ScheduleNotFound
+from .errors import InvalidSchedule, ScheduleLocked, ScheduleNotEditable, ScheduleNotFound
 from .store import definition_of, definition_values, enqueue_occurrence, first_occurrence
 from .timing import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_CAP, Cron, Every, as_spec
 
@@ -183,7 +185,23 @@ def delete(name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> None:
 
 
 def _locked(name: str, database: str) -> ScheduleRecord:
-    row = ScheduleRecord.objects.using(database).select_for_update().filter(name=name).first()
+    """``name``'s row, locked until the caller's transaction ends; waits for another
+    session's lock at most ``OPERATOR_LOCK_WAIT`` (then ``ScheduleLocked``), as an
+    operator's change to a task does (``db/rowlock.py``)."""
+    connection = connections[database]
+    dialect = dialect_for(connection)
+    rows = ScheduleRecord.objects.using(database).select_for_update().filter(name=name)
+    try:
+        with dialect.lock_wait_bounded(connection, OPERATOR_LOCK_WAIT):
+            row = rows.first()
+    except OperationalError as exc:
+        if not dialect.lock_not_available(exc):
+            raise
+        raise ScheduleLocked(
+            f"Schedule {name!r}: another database session holds its row locked (a "
+            f"transaction still open); waited {OPERATOR_LOCK_WAIT:g} s and changed nothing. "
+            "Try again once that transaction ends."
+        ) from exc
     if row is None:
         raise ScheduleNotFound(f"No schedule is called {name!r}.")
     return row

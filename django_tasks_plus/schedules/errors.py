@@ -21,3 +21,11 @@ class ScheduleNotFound(ScheduleError, LookupError):
 class ScheduleNotEditable(ScheduleError):
     """The schedule is defined in code or settings: its definition is edited there (pause,
     resume and run-now still work)."""
+
+
+class ScheduleLocked(ScheduleError):
+    """A change to a schedule (update, pause, resume, run now, delete) met its row locked
+    by another database session for longer than it may wait (5 seconds): a transaction
+    still open elsewhere. Nothing was changed; try again once that transaction ends."""
+
+    retryable = True
