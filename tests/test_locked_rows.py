@@ -476,3 +476,45 @@ def test_a_change_to_a_locked_schedule_gives_up_and_changes_nothing(monkeypatch)
     assert _session_lock_timeout() == "0"
     api.pause("nightly")  # the lock is gone
     assert ScheduleRecord.objects.get(name="nightly").paused
+
+
+def test_a_sync_that_meets_a_locked_schedule_does_not_hold_up_firing(caplog):
+    """The leader syncs the declared schedules before it fires. A declared schedule's row
+    another session keeps locked fails the sync after a second (tried again next tick);
+    the due schedules fire in the same tick all the same."""
+    from django.test import override_settings
+
+    from django_tasks_plus.models import ScheduleRecord
+    from django_tasks_plus.schedules import Every, api
+    from django_tasks_plus.schedules.service import Scheduler
+    from tests.test_schedules import _tasks, settings_of
+
+    entry = {"task": "tests.tasks.add", "every": 60, "args": [1, 2]}
+    api.create("free", "tests.tasks.add", Every(hours=1), args=[3, 4])
+    ScheduleRecord.objects.filter(name="free").update(next_at=timezone.now() - timedelta(seconds=1))
+    with override_settings(TASKS=_tasks(SCHEDULES={"declared": entry})):
+        scheduler = Scheduler(settings_of(), clock=timezone.now, bound_seconds=30)
+        scheduler.tick()  # creates the declared row
+        assert scheduler.synced
+    with override_settings(TASKS=_tasks(SCHEDULES={"declared": {**entry, "every": 120}})):
+        scheduler = Scheduler(settings_of(), clock=timezone.now, bound_seconds=30)
+        other = _other_session()
+        try:
+            other.execute("BEGIN")
+            other.execute(
+                f"SELECT 1 FROM {ScheduleRecord._meta.db_table} WHERE name = 'declared' FOR UPDATE"
+            )
+            began = time.monotonic()
+            scheduler.tick()
+            assert time.monotonic() - began < 3.0
+            assert not scheduler.synced
+            assert ScheduleRecord.objects.get(name="free").last_fired_at is not None
+            assert "Scheduler: schedules not synced (canceling statement due to lock" in (
+                caplog.text
+            )
+            other.execute("COMMIT")
+        finally:
+            other.close()
+        scheduler.tick()
+        assert scheduler.synced
+        assert ScheduleRecord.objects.get(name="declared").every_seconds == 120

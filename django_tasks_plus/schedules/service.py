@@ -55,8 +55,15 @@ class Scheduler(LoopService):
     def tick(self) -> None:
         try:
             worker_connection(self.database, self.bound_seconds)
-            if not self.synced:
+        except DatabaseError as exc:
+            logger.warning("Scheduler: database error (%s); will retry", exc)
+            return
+        if not self.synced:
+            try:
                 self.sync()
+            except DatabaseError as exc:  # a schedule row kept locked, say: fire what is stored
+                logger.warning("Scheduler: schedules not synced (%s); will retry", exc)
+        try:
             fire_due(self.settings, self.clock)
         except DatabaseError as exc:
             logger.warning("Scheduler: database error (%s); will retry", exc)

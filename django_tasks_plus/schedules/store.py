@@ -24,6 +24,7 @@ from django.db.models import Field
 
 from .. import events
 from ..conf import BackendSettings
+from ..db import dialect_for
 from ..models import ScheduleOccurrence, ScheduleRecord, TaskRecord
 from .declared import CODE, SETTINGS, Definition, task_for
 from .errors import InvalidSchedule
@@ -118,13 +119,22 @@ class SyncReport:
     disabled: tuple[str, ...] = ()
 
 
+# Seconds a sync waits for the schedule rows it changes. A row another session keeps
+# locked fails the sync (tried again on the next tick) rather than holding up firing.
+SYNC_LOCK_WAIT = 1.0
+
+
 def sync(settings: BackendSettings, declared: Iterable[Definition], now: datetime) -> SyncReport:
     """Make the table match the schedules declared in code and settings: a new one is
     created, a changed one updated (its next occurrence recomputed when its timing
     changed), one no longer declared disabled (never deleted: its history stays)."""
     created, updated, disabled = [], [], []
     wanted = {definition.name: definition for definition in declared}
-    with transaction.atomic(using=settings.database):
+    connection = connections[settings.database]
+    with (
+        transaction.atomic(using=settings.database),
+        dialect_for(connection).lock_wait_bounded(connection, SYNC_LOCK_WAIT),
+    ):
         rows = {
             row.name: row
             for row in ScheduleRecord.objects.using(settings.database)
