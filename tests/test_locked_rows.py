@@ -518,3 +518,59 @@ def test_a_sync_that_meets_a_locked_schedule_does_not_hold_up_firing(caplog):
         scheduler.tick()
         assert scheduler.synced
         assert ScheduleRecord.objects.get(name="declared").every_seconds == 120
+
+
+# -- the leader's pruner ------------------------------------------------------------------
+# It shares the worker's periodic session with the lease renewal, so none of its deletes
+# may wait for a row another session holds.
+
+
+def test_pruning_dedup_keys_passes_over_a_key_another_session_holds():
+    """An enqueue taking a lapsed key over, in a transaction still open, keeps its row
+    locked; the pruner deletes the other lapsed keys and leaves that one."""
+    from django_tasks_plus.db.dedup import prune_keys
+    from django_tasks_plus.models import DedupKey
+
+    past = timezone.now() - timedelta(hours=1)
+    keys = [
+        DedupKey.objects.create(
+            backend_name="default", key=f"k{n}", expires_at=past, created_at=past
+        )
+        for n in range(3)
+    ]
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"SELECT 1 FROM {DedupKey._meta.db_table} WHERE id = %s FOR UPDATE", [keys[0].pk]
+        )
+        with lock_timeout(5.0):
+            began = time.monotonic()
+            assert prune_keys("default", "default", timezone.now()) == 2
+            assert time.monotonic() - began < 1.0
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert list(DedupKey.objects.values_list("key", flat=True)) == ["k0"]
+    assert prune_keys("default", "default", timezone.now()) == 1
+
+
+def test_pruning_idle_breakers_passes_over_a_locked_row():
+    from django_tasks_plus.db.retention import delete_idle_breakers
+    from django_tasks_plus.models import BreakerRecord
+
+    past = timezone.now() - timedelta(days=30)
+    for key in ("locked-host", "idle-host"):
+        BreakerRecord.objects.create(backend_name="default", name="local", key=key, updated_at=past)
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(f"SELECT 1 FROM {BREAKERS} WHERE key = 'locked-host' FOR UPDATE")
+        with lock_timeout(5.0):
+            began = time.monotonic()
+            assert delete_idle_breakers("default", "default", timezone.now(), 100) == 1
+            assert time.monotonic() - began < 1.0
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert list(BreakerRecord.objects.values_list("key", flat=True)) == ["locked-host"]

@@ -206,7 +206,10 @@ def _delete_unchanged(database: str, keys: Sequence[tuple[Any, ...]]) -> int:
     """Delete each ``(pk, created_at)`` key whose row still has that ``created_at``.
 
     Hand-written so the guard is in the DELETE itself: the ORM's ``delete()`` may first
-    select the rows, then delete them by primary key alone.
+    select the rows, then delete them by primary key alone. A key row another session
+    holds locked (an enqueue taking the key over, in a transaction still open) is passed
+    over where the database has row locks, not waited for: the pruner shares its session
+    with the worker's lease renewal.
     """
     if not keys:
         return 0
@@ -220,9 +223,13 @@ def _delete_unchanged(database: str, keys: Sequence[tuple[Any, ...]]) -> int:
     params: list[Any] = []
     for pk, created_at in keys:
         params += [pk, created.get_db_prep_value(created_at, connection)]
+    table, where = quote(meta.db_table), f"({' OR '.join([match] * len(keys))})"
+    skip_locked = dialect_for(connection).skip_locked_rows_sql
+    statement = f"DELETE FROM {table} WHERE {where}"
+    if skip_locked:
+        column = quote(pk_column)
+        statement += f" AND {column} IN (SELECT {column} FROM {table} WHERE {where}{skip_locked})"
+        params += params
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {quote(meta.db_table)} WHERE {' OR '.join([match] * len(keys))}",
-            params,
-        )
+        cursor.execute(statement, params)
         return cursor.rowcount

@@ -87,10 +87,12 @@ def delete_finished_by_id(database: str, task_ids: Sequence[str]) -> int:
 
 def delete_batch(rows: QuerySet[Any], limit: int) -> int:
     """Delete up to ``limit`` of ``rows`` in one transaction; the DELETE repeats the
-    queryset's conditions, so a row that no longer meets them is kept."""
+    queryset's conditions, so a row that no longer meets them is kept. Rows another
+    session holds locked are passed over where the database has row locks."""
     database = rows.db
     with transaction.atomic(using=database):
-        ids = list(rows.order_by("pk").values_list("pk", flat=True)[:limit])
+        free = rows.select_for_update(skip_locked=True, of=("self",)).order_by("pk")
+        ids = list(free.values_list("pk", flat=True)[:limit])
         if not ids:
             return 0
         deleted, _ = rows.filter(pk__in=ids).delete()
