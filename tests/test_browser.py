@@ -561,6 +561,93 @@ def test_every_page_keeps_its_layout_at_each_size_and_scheme(
     assert not problems, "\n".join(problems)
 
 
+# -- rows another session holds locked -----------------------------------------------------
+
+
+def test_a_bulk_action_names_the_tasks_it_left_locked(
+    live_server, browser, django_user_model, monkeypatch
+):
+    """Redrive all on the dead letters while a transaction elsewhere holds 11 of the 13
+    rows: the two free ones are redriven, and one error message links the first ten
+    locked tasks and counts the last, wrapped inside the window at each size."""
+    from django.db import connection
+
+    from django_tasks_plus.admin import actions
+    from django_tasks_plus.db.rowlock import LockPatience
+    from tests.test_locked_rows import _other_session
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite has no row locks")
+    monkeypatch.setattr(actions, "LockPatience", lambda: LockPatience(per_row=0.2, total=0.3))
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
+    now = timezone.now()
+    base = live_server.url
+    state = None
+    for viewport, scheme in ((WIDE, "dark"), (PHONE, "light")):
+        TaskRecord.objects.all().delete()
+        dead = [
+            TaskRecord.objects.create(
+                task_path=LONG_PATH,
+                status=TaskResultStatus.FAILED,
+                attempt=3,
+                run_after=now,
+                enqueued_at=now,
+                finished_at=now,
+                dead_letter_reason="gave up after 3 attempt(s)",
+            ).pk
+            for _ in range(13)
+        ]
+        locked, free = dead[:11], dead[11:]
+        other = _other_session()
+        page = new_page(browser, viewport, scheme, state)
+        try:
+            other.execute("BEGIN")
+            other.execute(
+                f"SELECT 1 FROM {TaskRecord._meta.db_table} WHERE id = ANY(%s) FOR UPDATE",
+                [locked],
+            )
+            if state is None:
+                log_in(page, base)
+                state = page.context.storage_state()
+            page.goto(f"{base}{ADMIN}taskrecord/dead-letters/")
+            page.check("#action-toggle")
+            page.select_option("select[name=action]", "redrive_tasks")
+            page.click("button[name=index]")
+            page.wait_for_selector(".messagelist .error")
+            error = page.locator(".messagelist .error")
+            assert error.inner_text().startswith(
+                "11 tasks were left unchanged: another database session held their rows locked ("
+            )
+            assert error.inner_text().endswith(
+                ", and 1 more). Try again once that transaction ends."
+            )
+            links = error.locator("a.dtp-id")
+            assert links.count() == 10
+            assert {links.nth(i).get_attribute("title") for i in range(10)} <= {
+                str(pk) for pk in locked
+            }
+            box = error.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= viewport["width"], box
+            assert "2 tasks redriven." in page.locator(".messagelist").inner_text()
+            problems = layout_problems(
+                page.evaluate(MEASURE),
+                wide=viewport is WIDE,
+                scheme=scheme,
+                row_max=DEAD_ROW_MAX_PX,
+                crumb=None,
+            )
+            assert not problems, problems
+            links.first.click()  # each link opens the task's page
+            page.wait_for_selector(".dtp-attempts")
+            other.execute("COMMIT")
+        finally:
+            page.context.close()
+            other.close()
+        statuses = dict(TaskRecord.objects.values_list("pk", "status"))
+        assert [statuses[pk] for pk in free] == ["READY", "READY"]
+        assert [statuses[pk] for pk in locked] == ["FAILED"] * 11
+
+
 # -- live pages ----------------------------------------------------------------------------
 
 

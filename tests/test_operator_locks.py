@@ -194,8 +194,8 @@ def test_an_admin_bulk_action_acts_on_the_free_rows_and_names_the_locked(
     assert took < 3.0, took  # 0.3 s for the first locked row, 0.1 s for the second
     assert "3 tasks redriven." in text
     assert "2 tasks were left unchanged: another database session held their rows locked" in text
-    for task_id in locked:
-        assert task_id in text
+    for task_id in locked:  # each linked to its page
+        assert f'href="/admin/django_tasks_plus/taskrecord/{task_id}/change/"' in text
         assert _status(task_id) == "FAILED"
     assert [_status(task_id) for task_id in free] == ["READY"] * 3
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import escape, format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
@@ -25,6 +27,7 @@ from ..db.rowlock import LockPatience
 from ..exceptions import TaskRowLocked, TasksPlusError
 from ..models import TaskRecord
 from .base import log_change
+from .html import task_link
 
 BATCH = 500
 LOCKED_NAMED = 10  # ids a message names of the rows left locked
@@ -142,18 +145,21 @@ class Outcome:
     held: int = 0  # tasks made due now that a circuit breaker had held
     locked: list[str] = field(default_factory=list)  # ids another session held locked
 
-    def locked_message(self) -> str:
-        """One line for every task left unchanged because its row stayed locked."""
+    def locked_message(self) -> SafeString:
+        """One message for every task left unchanged because its row stayed locked,
+        linking the first ``LOCKED_NAMED`` of them."""
         count = len(self.locked)
-        named = ", ".join(self.locked[:LOCKED_NAMED])
+        named = format_html_join(", ", "{}", ((task_link(i),) for i in self.locked[:LOCKED_NAMED]))
         more = _(", and %(count)d more") % {"count": count - LOCKED_NAMED}
-        return ngettext(
+        text = ngettext(
             "%(count)d task was left unchanged: another database session held its row "
             "locked (%(ids)s). Try again once that transaction ends.",
             "%(count)d tasks were left unchanged: another database session held their "
             "rows locked (%(ids)s). Try again once that transaction ends.",
             count,
-        ) % {"count": count, "ids": named + (more if count > LOCKED_NAMED else "")}
+        )
+        ids = format_html("{}{}", named, more if count > LOCKED_NAMED else "")
+        return mark_safe(escape(text) % {"count": count, "ids": ids})  # the text escaped
 
 
 def apply(
