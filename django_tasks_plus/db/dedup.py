@@ -205,11 +205,14 @@ def _id_list(task_ids: Any) -> list[uuid.UUID]:
 def _delete_unchanged(database: str, keys: Sequence[tuple[Any, ...]]) -> int:
     """Delete each ``(pk, created_at)`` key whose row still has that ``created_at``.
 
-    Hand-written so the guard is in the DELETE itself: the ORM's ``delete()`` may first
-    select the rows, then delete them by primary key alone. A key row another session
-    holds locked (an enqueue taking the key over, in a transaction still open) is passed
-    over where the database has row locks, not waited for: the pruner shares its session
-    with the worker's lease renewal.
+    Hand-written so the guard is in the DELETE's own statement: the ORM's ``delete()``
+    may first select the rows, then delete them by primary key alone. Where the database
+    has row locks, the guard picks the rows in a sub-select that locks them (``FOR
+    UPDATE`` checks it again on a row changed since the snapshot) and passes over the
+    ones another session holds (an enqueue taking the key over, in a transaction still
+    open), rather than waiting: the pruner shares its session with the worker's lease
+    renewal. A row it locked cannot change before the DELETE, so that joins by id (an
+    ``IN`` over the guard was a nested loop: four times slower for 20,000 keys).
     """
     if not keys:
         return 0
@@ -223,13 +226,15 @@ def _delete_unchanged(database: str, keys: Sequence[tuple[Any, ...]]) -> int:
     params: list[Any] = []
     for pk, created_at in keys:
         params += [pk, created.get_db_prep_value(created_at, connection)]
-    table, where = quote(meta.db_table), f"({' OR '.join([match] * len(keys))})"
+    table, where = quote(meta.db_table), " OR ".join([match] * len(keys))
     skip_locked = dialect_for(connection).skip_locked_rows_sql
     statement = f"DELETE FROM {table} WHERE {where}"
-    if skip_locked:
+    if skip_locked:  # the rows the guard picked and this statement could lock, once
         column = quote(pk_column)
-        statement += f" AND {column} IN (SELECT {column} FROM {table} WHERE {where}{skip_locked})"
-        params += params
+        statement = (
+            f"WITH free AS (SELECT {column} FROM {table} WHERE {where}{skip_locked}) "
+            f"DELETE FROM {table} USING free WHERE {table}.{column} = free.{column}"
+        )
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.rowcount
