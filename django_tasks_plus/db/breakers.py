@@ -188,13 +188,18 @@ def _unlocked(rows: QuerySet[TaskRecord]) -> QuerySet[TaskRecord]:
     """``rows`` less those another session holds locked, where the database has row
     locks: a statement over every task of a key runs under the circuit's row lock (or
     in a task thread), and one task row a transaction keeps locked must not stall it.
-    A task left out is held or released at its own claim instead."""
+    A task left out is held or released at its own claim instead.
+
+    The statement picks the rows by id alone: the sub-select's ``FOR UPDATE`` checks
+    its conditions again on a row changed since its snapshot, and repeating them
+    outside let the planner rescan the sub-select for every row (a release of 20,000
+    held tasks took 100 s instead of 0.6 s)."""
     connection = connections[rows.db]
     suffix = dialect_for(connection).skip_locked_rows_sql
     if not suffix:
         return rows
     ids, params = rows.values("pk").query.get_compiler(connection=connection).as_sql()
-    return rows.filter(pk__in=RawSQL(ids + suffix, params))
+    return TaskRecord.objects.using(rows.db).filter(pk__in=RawSQL(ids + suffix, params))
 
 
 def running_leases(
