@@ -574,29 +574,18 @@ def test_a_bulk_action_names_the_tasks_it_left_locked(
 
     from django_tasks_plus.admin import actions
     from django_tasks_plus.db.rowlock import LockPatience
+    from tests.test_admin import failed_record
     from tests.test_locked_rows import _other_session
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite has no row locks")
     monkeypatch.setattr(actions, "LockPatience", lambda: LockPatience(per_row=0.2, total=0.3))
     django_user_model.objects.create_superuser("admin", "admin@example.com", "pw")
-    now = timezone.now()
     base = live_server.url
     state = None
     for viewport, scheme in ((WIDE, "dark"), (PHONE, "light")):
         TaskRecord.objects.all().delete()
-        dead = [
-            TaskRecord.objects.create(
-                task_path=LONG_PATH,
-                status=TaskResultStatus.FAILED,
-                attempt=3,
-                run_after=now,
-                enqueued_at=now,
-                finished_at=now,
-                dead_letter_reason="gave up after 3 attempt(s)",
-            ).pk
-            for _ in range(13)
-        ]
+        dead = [failed_record().pk for _ in range(13)]
         locked, free = dead[:11], dead[11:]
         other = _other_session()
         page = new_page(browser, viewport, scheme, state)
