@@ -396,3 +396,20 @@ def test_all_matching_on_the_task_list_needs_the_csrf_token(operation, django_us
 
 def test_the_task_list_offers_no_redrive_of_all_matching(admin_client):
     assert admin_client.get(reverse(MATCHING, args=["redrive"])).status_code == 404
+
+
+def test_a_bulk_action_with_many_failing_rows_shows_ten_and_counts_the_rest(admin_client):
+    """Rows the action cannot change for a reason of their own (here: a backend alias no
+    longer configured) get one message each up to ten, then one count: an action over
+    thousands of rows must not leave thousands of messages in the session."""
+    rows = [failed_record(backend_name="retired") for _ in range(12)]
+    response = admin_client.post(
+        reverse(CHANGELIST),
+        {"action": "redrive_tasks", "_selected_action": [str(r.pk) for r in rows], "index": 0},
+        follow=True,
+    )
+    errors = [m for m in response.context["messages"] if m.level_tag == "error"]
+    assert len(errors) == 11
+    assert all("retired" in str(m) for m in errors[:10])
+    assert str(errors[10]) == "… and 2 more tasks could not be changed for such reasons."
+    assert TaskRecord.objects.filter(status=TaskResultStatus.FAILED).count() == 12

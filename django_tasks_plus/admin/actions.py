@@ -31,6 +31,7 @@ from .html import task_link
 
 BATCH = 500
 LOCKED_NAMED = 10  # ids a message names of the rows left locked
+PROBLEMS_SHOWN = 10  # rows that failed otherwise, one message each; then a count
 LOADED = ("id", "backend_name", "task_path", "status", "queue_name", "attempt", "held_since")
 
 

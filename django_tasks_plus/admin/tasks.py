@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
@@ -752,8 +753,21 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         note: str = "",
     ) -> None:
         outcome = ops.apply(request, operation, ops.in_batches(queryset), note=note)
-        for problem in outcome.problems or ():
+        problems = outcome.problems or []
+        for problem in problems[: ops.PROBLEMS_SHOWN]:
             self.message_user(request, problem, messages.ERROR)
+        if len(problems) > ops.PROBLEMS_SHOWN:  # thousands of rows must not mean thousands
+            more = len(problems) - ops.PROBLEMS_SHOWN  # of messages in the user's session
+            self.message_user(
+                request,
+                ngettext(
+                    "… and %(count)d more task could not be changed for such a reason.",
+                    "… and %(count)d more tasks could not be changed for such reasons.",
+                    more,
+                )
+                % {"count": more},
+                messages.ERROR,
+            )
         if outcome.locked:
             self.message_user(request, outcome.locked_message(), messages.ERROR)
         self.message_user(
