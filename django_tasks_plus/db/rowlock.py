@@ -1,4 +1,5 @@
-"""An operator's change to one task row, waiting a bounded time for the row's lock.
+"""Rows another session holds locked: an operator's change to one task row waits a
+bounded time for the row's lock, and a writer of the engine's passes over such rows.
 
 Cancel, redrive, run now, discard and delete (from app code, the admin, the commands)
 each change one task row. A session that keeps that row locked (task code inside a long
@@ -7,6 +8,10 @@ that transaction ends: an admin request that never answers, a command stuck at o
 of thousands. So the row is locked first with ``NOWAIT``, tried again after short pauses
 until a deadline, and past it the change raises ``TaskRowLocked`` having changed
 nothing. The worker's own locks on a row last milliseconds and are waited out.
+
+The engine's own writers that must not wait at all (the reaper's fence, holding and
+releasing a breaker key's tasks) take ``unlocked(rows)``: the rows less those another
+session holds locked, in one statement.
 
 Where the database has no row locks (SQLite locks the whole file, and waits for it by
 its busy timeout) the change runs as before.
@@ -19,8 +24,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
+from django.db.models import Model, QuerySet
+from django.db.models.expressions import RawSQL
 
 from ..exceptions import TaskRowLocked
 from . import dialect_for
@@ -31,6 +39,8 @@ LOCK_ROW = f"SELECT 1 FROM {TASKS} WHERE id = %s FOR UPDATE NOWAIT"
 
 OPERATOR_LOCK_WAIT = 5.0
 """Seconds an operator's change to one task waits for its row by default."""
+
+M = TypeVar("M", bound=Model)
 
 FIRST_PAUSE = 0.01
 LONGEST_PAUSE = 0.25
@@ -97,3 +107,21 @@ class LockPatience:
     def gave_up(self, error: TaskRowLocked) -> None:
         """Count a row that stayed locked past its wait."""
         self.spent += error.waited
+
+
+def unlocked(rows: QuerySet[M, Any]) -> QuerySet[M, Any]:
+    """``rows`` less those another session holds locked, where the database has row
+    locks, as one queryset to update or delete: a writer that must not wait behind a
+    transaction someone keeps open takes the rest now, and the row left out is met
+    again later (at its own claim, or the caller's next round).
+
+    The outer statement picks the rows by id alone: the sub-select's ``FOR UPDATE``
+    checks its conditions again on a row changed since its snapshot, and repeating them
+    outside let the planner rescan the sub-select for every row (a release of 20,000
+    held tasks took 100 s instead of 0.6 s)."""
+    connection = connections[rows.db]
+    suffix = dialect_for(connection).skip_locked_rows_sql
+    if not suffix:
+        return rows
+    ids, params = rows.values("pk").query.get_compiler(connection=connection).as_sql()
+    return rows.model._default_manager.using(rows.db).filter(pk__in=RawSQL(ids + suffix, params))

@@ -28,6 +28,7 @@ from ..liveness import may_forget
 from ..models import TaskRecord, WorkerRecord
 from ..stored import error_list
 from . import dialect_for
+from .rowlock import unlocked
 
 
 def apply_transition(
@@ -49,15 +50,11 @@ def apply_transition(
     rows = TaskRecord.objects.using(database).filter(
         pk=task.id, lease_token=task.lease_token, status=TaskResultStatus.RUNNING
     )
-    if only_if_expired or skip_locked:  # the fences' SQL is the dialect's
-        dialect = dialect_for(connections[database])
-        if only_if_expired:
-            rows = rows.filter(lease_expires_at__lt=RawSQL(dialect.now_sql, ()))
-        if skip_locked and dialect.skip_locked_rows_sql:
-            free = f"SELECT id FROM {TaskRecord._meta.db_table} WHERE id = %s"
-            rows = rows.filter(
-                pk__in=RawSQL(free + dialect.skip_locked_rows_sql, (uuid.UUID(task.id),))
-            )
+    if only_if_expired:  # by the database's clock
+        now = dialect_for(connections[database]).now_sql
+        rows = rows.filter(lease_expires_at__lt=RawSQL(now, ()))
+    if skip_locked:
+        rows = unlocked(rows)
     updated = rows.update(
         status=transition.status, lease_token=None, lease_expires_at=None, **transition.values
     )
