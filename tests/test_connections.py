@@ -74,7 +74,7 @@ def _heartbeat_at(worker_id: str):  # type: ignore[no-untyped-def]
 def test_task_sessions_never_carry_the_worker_s_timeouts_behind_a_pool(
     start_worker, markers, monkeypatch
 ):
-    """The heartbeat's statements fail on a locked row (its lock timeout); meanwhile a
+    """The heartbeat's touch fails on a locked worker row (its lock wait); meanwhile a
     task keeps taking sessions from the pool. With the worker's
     bounds on pooled sessions, the task got the heartbeat's session, timeouts and all
     (and a 4 s query of a task failed on the worker's 3 s statement timeout)."""
@@ -86,7 +86,7 @@ def test_task_sessions_never_carry_the_worker_s_timeouts_behind_a_pool(
 
     with transaction.atomic():
         list(WorkerRecord.objects.select_for_update().filter(worker_id="pooled"))
-        wait_for(lambda: "Heartbeat failed" in worker_log(markers))
+        wait_for(lambda: "touch of the worker row failed" in worker_log(markers))
     beaten_before = _heartbeat_at("pooled")
     wait_for(lambda: _heartbeat_at("pooled") > beaten_before)  # a session taken again
     # The failed statements cost no session: the leader's lock, on the session the

@@ -289,6 +289,50 @@ def test_the_reaper_skips_a_locked_expired_row_and_returns_the_others():
     assert _status(locked) == TaskResultStatus.READY
 
 
+def test_a_locked_worker_row_costs_the_heartbeat_a_second_and_no_reaping(caplog):
+    """A session keeps the worker's own row locked: the touch gives up after
+    ``WORKER_ROW_LOCK_WAIT`` rather than the session's lock timeout (a third of the
+    lease), and the round still returns a dead worker's expired lease."""
+    from django_tasks_plus.db.store import WORKER_ROW_LOCK_WAIT
+    from django_tasks_plus.models import WorkerRecord
+    from django_tasks_plus.worker.heartbeat import Heartbeat
+
+    now = timezone.now()
+    WorkerRecord.objects.create(
+        worker_id="beating", backend_name="default", hostname="h", pid=1, queues=[],
+        concurrency=1, started_at=now, last_heartbeat_at=now,
+    )  # fmt: skip
+    [expired] = _claimed(1, visibility_timeout=-1)  # a dead worker's lease
+    heartbeat = Heartbeat(
+        task_backends["default"],
+        worker_id="beating",
+        register=lambda at: pytest.fail("the row exists: nothing to register"),
+        leases=list,
+        on_lost=lambda lost: None,
+        clock=timezone.now,
+        visibility_timeout=30,  # the session's lock timeout: 10 s
+    )
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"SELECT 1 FROM {WorkerRecord._meta.db_table} WHERE worker_id = 'beating' FOR UPDATE"
+        )
+        began = time.monotonic()
+        heartbeat.beat()
+        took = time.monotonic() - began
+    finally:
+        other.close()
+        connection.close()  # the beat bounded this session's statements as a worker's
+    assert WORKER_ROW_LOCK_WAIT <= took < WORKER_ROW_LOCK_WAIT + 3
+    assert _status(expired) == TaskResultStatus.READY
+    assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at == now
+    assert any("touch of the worker row failed" in r.getMessage() for r in caplog.records)
+    heartbeat.beat()  # the row is free again: touched
+    connection.close()
+    assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at > now
+
+
 def test_a_release_at_shutdown_leaves_a_locked_row_to_its_lease():
     from django_tasks_plus.db.completions import apply_outcome
     from django_tasks_plus.lifecycle import Released

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import JSONField
 from django.db.models.expressions import RawSQL
 
@@ -160,14 +160,25 @@ def register_worker(
     )
 
 
+WORKER_ROW_LOCK_WAIT = 1.0
+"""Seconds the heartbeat's touch waits for the worker's row. Others lock it for a
+moment (the leader's pruner, an operator's delete); a session that keeps it locked must
+not hold the heartbeat's session (shared with leadership and the scheduler) for the
+session's whole lock timeout, a third of a lease."""
+
+
 def heartbeat_worker(
     database: str, worker_id: str, now: datetime, status: WorkerStatus | None = None
 ) -> bool:
     """Touch the worker's row, writing ``status`` in the same statement; False if the row
-    is gone (the caller registers it again)."""
+    is gone (the caller registers it again). Raises the database's lock error if the row
+    stays locked past ``WORKER_ROW_LOCK_WAIT``."""
+    connection = connections[database]
     rows = WorkerRecord.objects.using(database).filter(worker_id=worker_id)
     values = status.columns() if status is not None else {}
-    return rows.update(last_heartbeat_at=now, **values) > 0
+    bounded = dialect_for(connection).lock_wait_bounded(connection, WORKER_ROW_LOCK_WAIT)
+    with transaction.atomic(using=database), bounded:
+        return rows.update(last_heartbeat_at=now, **values) > 0
 
 
 def remove_worker(database: str, worker_id: str) -> None:

@@ -71,26 +71,45 @@ class Heartbeat(LoopService):
         self.beat()
 
     def beat(self) -> None:
-        """One round of upkeep; failures are logged and retried next round."""
-        try:
-            worker_connection(self.database, self.visibility_timeout)
-            lost = renew_leases(self.database, self.leases(), self.visibility_timeout)
-            if lost:
-                self.on_lost(lost)
-            if self.sync_clock is not None:
-                self.sync_clock()
-            now = self.clock()
-            status = self.status() if self.status is not None else None
-            if not heartbeat_worker(self.database, self.worker_id, now, status):
-                self.register(now)
-                logger.warning(
-                    "Worker %s found its row gone (deleted after a silence longer than %d "
-                    "visibility timeouts: was the process paused?); registered it again.",
-                    self.worker_id,
-                    STALE_WORKER_FACTOR,
-                )
-            reap_expired(self.backend, self.clock)
-        except DatabaseError as exc:
-            logger.warning("Heartbeat failed (%s); will retry", exc)
-        except Exception:
-            logger.exception("Heartbeat failed unexpectedly; will retry")
+        """One round of upkeep. Each part's failure is logged and retried next round; a
+        touch that fails (a session keeps the worker's row locked, say) does not keep
+        the round from reaping, and the renewal it follows has already run."""
+        if not _attempted("Heartbeat", self.renew):
+            return
+        _attempted("The heartbeat's touch of the worker row", self.touch)
+        _attempted("Reaping expired leases", lambda: reap_expired(self.backend, self.clock))
+
+    def renew(self) -> None:
+        """Extend this worker's leases (reporting those lost) and read the clock."""
+        worker_connection(self.database, self.visibility_timeout)
+        lost = renew_leases(self.database, self.leases(), self.visibility_timeout)
+        if lost:
+            self.on_lost(lost)
+        if self.sync_clock is not None:
+            self.sync_clock()
+
+    def touch(self) -> None:
+        """Prove liveness on the worker's row, writing it again if it is gone."""
+        now = self.clock()
+        status = self.status() if self.status is not None else None
+        if not heartbeat_worker(self.database, self.worker_id, now, status):
+            self.register(now)
+            logger.warning(
+                "Worker %s found its row gone (deleted after a silence longer than %d "
+                "visibility timeouts: was the process paused?); registered it again.",
+                self.worker_id,
+                STALE_WORKER_FACTOR,
+            )
+
+
+def _attempted(what: str, step: Callable[[], object]) -> bool:
+    """Run one part of a round; log its failure (the next round tries again)."""
+    try:
+        step()
+    except DatabaseError as exc:
+        logger.warning("%s failed (%s); will retry", what, exc)
+        return False
+    except Exception:
+        logger.exception("%s failed unexpectedly; will retry", what)
+        return False
+    return True
