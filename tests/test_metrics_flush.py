@@ -135,6 +135,60 @@ def test_a_flush_failing_half_way_counts_once_when_retried(caplog):
     assert _dead_lettered(minute=held[-1]) == 1
 
 
+def test_a_flush_outside_a_worker_waits_a_locked_row_only_so_long(caplog):
+    """A flush from a session with no lock timeout (a web process's flush at enqueue)
+    meets a count's row another session keeps locked (a process stalled inside its own
+    flush): it gives up after ``FLUSH_LOCK_WAIT``, writes nothing, and keeps its counts
+    for the next flush, which writes them once."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    import psycopg
+
+    from django_tasks_plus.db.metrics import FLUSH_LOCK_WAIT
+
+    caplog.set_level(logging.WARNING, "django_tasks_plus")
+    first = _first_minute()
+    held = _minute(first + MINUTES - 1)
+    add_metrics("default", [("default", held, "default", PATH, "dead_lettered", 0)])
+    _dead_letters(first)
+    params = connection.settings_dict
+    locker = psycopg.connect(
+        dbname=params["NAME"],
+        user=params.get("USER") or None,
+        host=params.get("HOST") or None,
+        port=params.get("PORT") or None,
+    )
+    outcome: dict[str, float] = {}
+
+    def flush() -> None:
+        began = time.monotonic()
+        try:
+            outcome["written"] = metrics.flush()
+        finally:
+            outcome["took"] = time.monotonic() - began
+            connection.close()
+
+    try:
+        with locker.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM django_tasks_plus_metricrecord WHERE minute = %s FOR UPDATE",
+                [held],
+            )
+        flusher = threading.Thread(target=flush)
+        flusher.start()
+        flusher.join(FLUSH_LOCK_WAIT + 10)
+    finally:
+        locker.close()
+    flusher.join(30)
+    assert FLUSH_LOCK_WAIT <= outcome["took"] < FLUSH_LOCK_WAIT + 5
+    assert outcome["written"] == 0
+    assert _warnings(caplog) == 1
+    assert _dead_lettered(minute__gt=ALL_TIME) == 0  # nothing landed on its own
+    assert metrics.flush() == MINUTES + 1
+    assert _dead_lettered(minute=ALL_TIME) == MINUTES
+    assert _dead_lettered(minute=held) == 1
+
+
 def test_a_flush_whose_commit_answer_is_lost_counts_once(caplog):
     """The flush commits, but the caller sees an error (as when the connection drops
     before COMMIT's answer arrives): the retry under the same key adds nothing, and the

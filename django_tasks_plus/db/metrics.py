@@ -64,31 +64,41 @@ class FlushFailed(DatabaseError):
         self.may_have_landed = may_have_landed
 
 
+FLUSH_LOCK_WAIT = 2.0
+"""Seconds a flush waits for a count's row. Flushes of other processes lock the same
+minute's rows for a moment; a session that keeps one locked (a process stalled inside
+its flush) must not stall this one, which may be a web request's enqueue: the flush
+fails, not counted as written, and its counts wait for the next."""
+
+
 def land_flush(database: str, backend: str, batches: Mapping[str, Iterable[Row]]) -> int:
     """Add the rows of every batch whose key (a uuid hex) is not stored yet, and store
     those keys, all in ONE transaction; returns how many rows were written.
 
     A batch whose key is stored already landed earlier (its COMMIT's answer was lost):
     it adds nothing. A concurrent transaction inserting the same key makes this one wait
-    for its outcome on the key's unique index, so the key decides even then. Raises
-    ``FlushFailed``; refuses to run inside a transaction (the flush would share its fate).
+    for its outcome on the key's unique index, so the key decides even then. Each lock
+    is waited for at most ``FLUSH_LOCK_WAIT``. Raises ``FlushFailed``; refuses to run
+    inside a transaction (the flush would share its fate).
     """
     connection = connections[database]
     if connection.in_atomic_block:
         raise transaction.TransactionManagementError(
             "A metrics flush must run in a transaction of its own, not inside atomic()."
         )
-    claim_key = CLAIM_FLUSH_KEY.format(now=dialect_for(connection).now_sql)
+    dialect = dialect_for(connection)
+    claim_key = CLAIM_FLUSH_KEY.format(now=dialect.now_sql)
     committing = False
     try:
         with transaction.atomic(using=database):
-            fresh: list[Row] = []
-            with connection.cursor() as cursor:
-                for key in sorted(batches):
-                    cursor.execute(claim_key, [_key_param(connection, key), backend])
-                    if cursor.rowcount == 1:
-                        fresh.extend(batches[key])
-            written = add_metrics(database, summed(fresh))
+            with dialect.lock_wait_bounded(connection, FLUSH_LOCK_WAIT):
+                fresh: list[Row] = []
+                with connection.cursor() as cursor:
+                    for key in sorted(batches):
+                        cursor.execute(claim_key, [_key_param(connection, key), backend])
+                        if cursor.rowcount == 1:
+                            fresh.extend(batches[key])
+                written = add_metrics(database, summed(fresh))
             committing = True
     except DatabaseError as exc:
         raise FlushFailed(exc, may_have_landed=committing) from exc
