@@ -333,6 +333,87 @@ def test_a_locked_worker_row_costs_the_heartbeat_a_second_and_no_reaping(caplog)
     assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at > now
 
 
+@contextlib.contextmanager
+def worker_row_locked(worker_id: str) -> Iterator[psycopg.Connection]:
+    """Hold the worker row ``worker_id`` locked in another session's open transaction."""
+    from django_tasks_plus.models import WorkerRecord
+
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"SELECT 1 FROM {WorkerRecord._meta.db_table} WHERE worker_id = %s FOR UPDATE",
+            [worker_id],
+        )
+        yield other
+        other.execute("COMMIT")
+    finally:
+        other.close()
+
+
+def _worker_row(worker_id: str, silent_for: timedelta = timedelta(0)) -> None:
+    from django_tasks_plus.models import WorkerRecord
+
+    beat = timezone.now() - silent_for
+    WorkerRecord.objects.create(
+        worker_id=worker_id, backend_name="default", hostname="h", pid=1, queues=[],
+        concurrency=1, started_at=beat, last_heartbeat_at=beat, visibility_timeout=1,
+    )  # fmt: skip
+
+
+def test_the_leader_forgets_dead_workers_passing_over_a_locked_row():
+    """A dead worker's row another session keeps locked (a worker stalled inside its
+    touch, an operator) is passed over at once, not waited for on the leader's shared
+    session, and the other dead workers are forgotten; the locked one in a later round."""
+    from django_tasks_plus.db.store import prune_workers
+    from django_tasks_plus.models import WorkerRecord
+
+    for worker_id in ("dead-a", "dead-b", "dead-c"):
+        _worker_row(worker_id, silent_for=timedelta(hours=1))
+    with worker_row_locked("dead-b"), lock_timeout(5.0):
+        began = time.monotonic()
+        forgotten = prune_workers("default", timezone.now())
+        assert time.monotonic() - began < 1.0
+    assert sorted(forgotten) == ["dead-a", "dead-c"]
+    assert prune_workers("default", timezone.now()) == ["dead-b"]
+    assert not WorkerRecord.objects.exists()
+
+
+def test_a_workers_own_row_writes_wait_for_a_locked_row_only_so_long():
+    """Registering (a reused worker id) and removing at shutdown wait a bounded time for
+    a row another session keeps locked, then fail with the database's lock error (the
+    start reports it; the shutdown logs it and the leader forgets the row later)."""
+    from django.db import OperationalError
+
+    from django_tasks_plus.db.store import (
+        WORKER_ROW_LOCK_WAIT,
+        WorkerRegistration,
+        register_worker,
+        remove_worker,
+    )
+
+    _worker_row("reused")
+    registration = WorkerRegistration(
+        worker_id="reused",
+        backend_name="default",
+        queues=("default",),
+        concurrency=1,
+        visibility_timeout=30,
+        started_at=timezone.now(),
+    )
+    with worker_row_locked("reused"), lock_timeout(5.0):
+        for write in (
+            lambda: register_worker("default", registration, timezone.now(), lock_wait=0.5),
+            lambda: remove_worker("default", "reused"),
+        ):
+            began = time.monotonic()
+            with pytest.raises(OperationalError, match="lock timeout"):
+                write()
+            assert time.monotonic() - began < WORKER_ROW_LOCK_WAIT + 1.0
+    register_worker("default", registration, timezone.now())  # free again
+    remove_worker("default", "reused")
+
+
 def test_a_release_at_shutdown_leaves_a_locked_row_to_its_lease():
     from django_tasks_plus.db.completions import apply_outcome
     from django_tasks_plus.lifecycle import Released

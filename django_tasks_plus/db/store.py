@@ -137,34 +137,42 @@ class WorkerStatus:
         }
 
 
+WORKER_ROW_LOCK_WAIT = 1.0
+"""Seconds the worker's own writes of its row (the heartbeat's touch, the removal at
+shutdown) wait for it. Others lock it for a moment (the leader's pruner, an operator's
+delete); a session that keeps it locked must not hold the heartbeat's session (shared
+with leadership and the scheduler) for the session's whole lock timeout, a third of a
+lease, nor a stopping worker past its grace period."""
+
+
 def register_worker(
     database: str,
     registration: WorkerRegistration,
     now: datetime,
     status: WorkerStatus | None = None,
+    *,
+    lock_wait: float = WORKER_ROW_LOCK_WAIT,
 ) -> None:
-    WorkerRecord.objects.using(database).update_or_create(
-        worker_id=registration.worker_id,
-        defaults={
-            "backend_name": registration.backend_name,
-            "hostname": socket.gethostname()[:255],
-            "pid": os.getpid(),
-            "queues": sorted(registration.queues),
-            "concurrency": registration.concurrency,
-            "visibility_timeout": registration.visibility_timeout,
-            "started_at": registration.started_at,
-            "last_heartbeat_at": now,
-            "version": registration.version[:40],
-            **(status or WorkerStatus()).columns(),
-        },
-    )
-
-
-WORKER_ROW_LOCK_WAIT = 1.0
-"""Seconds the heartbeat's touch waits for the worker's row. Others lock it for a
-moment (the leader's pruner, an operator's delete); a session that keeps it locked must
-not hold the heartbeat's session (shared with leadership and the scheduler) for the
-session's whole lock timeout, a third of a lease."""
+    """Write the worker's row (again, if its id is reused), waiting at most ``lock_wait``
+    seconds for a row another session holds locked; else the database's lock error."""
+    connection = connections[database]
+    bounded = dialect_for(connection).lock_wait_bounded(connection, lock_wait)
+    with transaction.atomic(using=database), bounded:
+        WorkerRecord.objects.using(database).update_or_create(
+            worker_id=registration.worker_id,
+            defaults={
+                "backend_name": registration.backend_name,
+                "hostname": socket.gethostname()[:255],
+                "pid": os.getpid(),
+                "queues": sorted(registration.queues),
+                "concurrency": registration.concurrency,
+                "visibility_timeout": registration.visibility_timeout,
+                "started_at": registration.started_at,
+                "last_heartbeat_at": now,
+                "version": registration.version[:40],
+                **(status or WorkerStatus()).columns(),
+            },
+        )
 
 
 def heartbeat_worker(
@@ -182,7 +190,12 @@ def heartbeat_worker(
 
 
 def remove_worker(database: str, worker_id: str) -> None:
-    WorkerRecord.objects.using(database).filter(worker_id=worker_id).delete()
+    """Delete the worker's row at shutdown, waiting at most ``WORKER_ROW_LOCK_WAIT`` for
+    it (else the database's lock error: the leader's pruner forgets the row later)."""
+    connection = connections[database]
+    bounded = dialect_for(connection).lock_wait_bounded(connection, WORKER_ROW_LOCK_WAIT)
+    with transaction.atomic(using=database), bounded:
+        WorkerRecord.objects.using(database).filter(worker_id=worker_id).delete()
 
 
 def prune_workers(database: str, now: datetime) -> list[str]:
@@ -191,7 +204,8 @@ def prune_workers(database: str, now: datetime) -> list[str]:
 
     Each row is judged by the timeout its worker declared, so a worker with a long one
     is not taken for dead between its beats by a leader with a short one. A row is only
-    deleted if it has not beaten since it was read."""
+    deleted if it has not beaten since it was read, and not while another session holds
+    it locked (a worker stalled inside its touch, an operator): a later round does."""
     rows = WorkerRecord.objects.using(database).values_list(
         "worker_id", "last_heartbeat_at", "visibility_timeout"
     )
@@ -199,11 +213,10 @@ def prune_workers(database: str, now: datetime) -> list[str]:
     for worker_id, last_heartbeat, visibility_timeout in rows:
         if not may_forget(last_heartbeat, now, visibility_timeout):
             continue
-        deleted, _ = (
-            WorkerRecord.objects.using(database)
-            .filter(worker_id=worker_id, last_heartbeat_at=last_heartbeat)
-            .delete()
+        silent = WorkerRecord.objects.using(database).filter(
+            worker_id=worker_id, last_heartbeat_at=last_heartbeat
         )
+        deleted, _ = unlocked(silent).delete()
         if deleted:
             forgotten.append(worker_id)
     return forgotten

@@ -41,7 +41,13 @@ from .. import events
 from ..compat import task_backends
 from ..db import dialect_for, worker_connection
 from ..db.completions import apply_outcome
-from ..db.store import WorkerRegistration, WorkerStatus, register_worker, remove_worker
+from ..db.store import (
+    WORKER_ROW_LOCK_WAIT,
+    WorkerRegistration,
+    WorkerStatus,
+    register_worker,
+    remove_worker,
+)
 from ..db.unpooled import guard_pooled_sessions, outside_the_pool
 from ..discovery import discover_task_modules
 from ..lifecycle import ClaimedTask, Released
@@ -79,6 +85,12 @@ MAX_ADAPTIVE_PREFETCH = 1024
 PREFETCH_PAYLOAD_BUDGET = 16 * 1024 * 1024
 # Weight of the newest value in the moving averages that size adaptive prefetch.
 PREFETCH_SMOOTHING = 0.1
+
+START_LOCK_WAIT = 5.0
+"""Seconds the worker's first write of its row waits for it: a reused worker id (a fixed
+``--worker-id``, a child relaunched by the supervisor) can meet the row locked for a
+moment by the leader's pruner; a session that keeps it locked fails the start."""
+
 # Signals this close together are one request (group delivery plus supervisor forwarding).
 DUPLICATE_SIGNAL_WINDOW = 0.5
 
@@ -259,7 +271,7 @@ class Worker:
                 if self.database_clock is not None:
                     self.database_clock.sync()
                 self.started_at = self.clock()
-                self._register(self.started_at)
+                self._register(self.started_at, lock_wait=START_LOCK_WAIT)
         except DatabaseError as exc:
             # Nothing was claimed yet: one line that says what to check, not a traceback.
             problem = " ".join(str(exc).split())  # the driver's message spans lines
@@ -293,7 +305,7 @@ class Worker:
             )
         return 1 if abandoned else 0
 
-    def _register(self, now: datetime) -> None:
+    def _register(self, now: datetime, lock_wait: float = WORKER_ROW_LOCK_WAIT) -> None:
         """Write this worker's row: at start, and from the heartbeat if it was deleted
         (the same id and start time, so leases and task history still name it)."""
         register_worker(
@@ -309,6 +321,7 @@ class Worker:
             ),
             now,
             self._status(),
+            lock_wait=lock_wait,
         )
 
     def _status(self) -> WorkerStatus:
