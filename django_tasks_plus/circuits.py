@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -61,7 +62,14 @@ from .breaker import (
     split_scoped_key,
 )
 from .db import breakers as store
-from .exceptions import BreakerHeldTooLong, CircuitNotFound, InvalidBackendOptions, UnknownBreaker
+from .db import dialect_for
+from .exceptions import (
+    BreakerHeldTooLong,
+    CircuitLocked,
+    CircuitNotFound,
+    InvalidBackendOptions,
+    UnknownBreaker,
+)
 from .middleware import Attempt, Handler, Hold, Middleware
 
 logger = logging.getLogger("django_tasks_plus.breakers")
@@ -483,7 +491,11 @@ def breaker_states(backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS) -> list[Bre
 
 
 def force_close(
-    key: str, *, name: str = "default", backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS
+    key: str,
+    *,
+    name: str = "default",
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    lock_wait: float = store.CIRCUIT_LOCK_WAIT,
 ) -> int:
     """Close a stored circuit now (its failures forgotten) and release the tasks it held;
     returns how many were released. Hooks do not run: they belong to the workers' breakers.
@@ -491,12 +503,15 @@ def force_close(
     Raises ``CircuitNotFound`` when no circuit of that name and key is stored (nothing
     is written: a mistyped or missing name would otherwise leave the real circuit open),
     listing the names the key has circuits under; ``ValueError`` for a name or key no
-    breaker could have.
+    breaker could have; ``CircuitLocked`` when another session keeps the circuit's row
+    locked for ``lock_wait`` seconds.
     """
     where = _where(key, name, backend)
-    with transaction.atomic(using=where.database):
+    with _locked_out_as_error(where, lock_wait), transaction.atomic(using=where.database):
         now = store.database_now(where.database)
-        columns = store.locked_existing_circuit(where.database, backend, where.name, where.key)
+        columns = store.locked_existing_circuit(
+            where.database, backend, where.name, where.key, lock_wait
+        )
         if columns is None:
             raise _not_found(where)
         current = _parse(where, columns)
@@ -512,6 +527,7 @@ def force_open(
     name: str = "default",
     backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
     create: bool = False,
+    lock_wait: float = store.CIRCUIT_LOCK_WAIT,
 ) -> None:
     """Open a circuit now: its tasks are held from their next claim on, and a probe runs
     once the breaker's recovery delay has passed, as after failures.
@@ -519,7 +535,9 @@ def force_open(
     A key with no stored circuit gets one, if its breaker name is in use: by a stored
     circuit, a waiting task, or a ``Breaker`` created in this process. Any other name
     raises ``UnknownBreaker`` (a typo would open a circuit no task consults) unless
-    ``create=True``. Raises ``ValueError`` for a name or key no breaker could have.
+    ``create=True``. Raises ``ValueError`` for a name or key no breaker could have, and
+    ``CircuitLocked`` when another session keeps the circuit's row locked for
+    ``lock_wait`` seconds.
     """
     where = _where(key, name, backend)
     if not create and not _known_name(where):
@@ -532,13 +550,34 @@ def force_open(
             name=where.name,
             known=known,
         )
-    with transaction.atomic(using=where.database):
+    with _locked_out_as_error(where, lock_wait), transaction.atomic(using=where.database):
         now = store.database_now(where.database)
-        columns = store.locked_circuit(where.database, backend, where.name, where.key, now)
+        columns = store.locked_circuit(
+            where.database, backend, where.name, where.key, now, lock_wait
+        )
         current = _parse(where, columns)
         after = force(State.OPEN, now=now)
         _save(where, after, now)
     _announce(None, where, current, after, "operator")
+
+
+@contextmanager
+def _locked_out_as_error(where: _Key, lock_wait: float) -> Iterator[None]:
+    """An operator's force that met the circuit's row locked past ``lock_wait``: the
+    typed ``CircuitLocked`` (nothing changed), not the driver's lock error."""
+    try:
+        yield
+    except OperationalError as exc:
+        if not dialect_for(connections[where.database]).lock_not_available(exc):
+            raise
+        raise CircuitLocked(
+            f"Circuit {where.scoped!r} of backend {where.backend!r}: another database "
+            f"session holds its row locked (a transaction still open); waited "
+            f"{lock_wait:g} s and changed nothing. Try again once that transaction ends.",
+            name=where.name,
+            key=where.key,
+            waited=lock_wait,
+        ) from exc
 
 
 def _where(key: str, name: str, backend: str) -> _Key:

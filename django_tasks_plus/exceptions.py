@@ -148,6 +148,36 @@ class TaskRowLocked(TasksPlusError):
         self.waited = waited
 
 
+class DedupKeyLocked(TasksPlusError):
+    """An enqueue with a dedup key met another transaction taking the same key and not
+    yet committed (another enqueue, or a take-over of a lapsed key, inside a transaction
+    still open) for longer than it may wait: whether that transaction keeps the key is
+    not known until it ends. Nothing was enqueued; try again once it ends. Attributes:
+    ``key``, ``waited`` (seconds)."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, key: str, waited: float) -> None:
+        super().__init__(message)
+        self.key = key
+        self.waited = waited
+
+
+class CircuitLocked(TasksPlusError):
+    """Forcing a circuit open or closed met its row locked by another database session
+    for longer than it may wait (a transaction still open elsewhere). Nothing was
+    changed; try again once that transaction ends. Attributes: ``name``, ``key``,
+    ``waited`` (seconds)."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, name: str, key: str, waited: float) -> None:
+        super().__init__(message)
+        self.name = name
+        self.key = key
+        self.waited = waited
+
+
 class LeaseExpired(TasksPlusError):
     """Recorded as the error of an attempt whose worker stopped renewing its lease."""
 

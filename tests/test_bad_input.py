@@ -466,6 +466,28 @@ def test_an_operators_change_to_a_locked_row():
     assert TaskRecord.objects.get(pk=task_id).status == "READY"
 
 
+@row(
+    "Enqueue with a dedup key that another transaction, still open, is taking",
+    "DedupKeyLocked",
+)
+@postgres_only  # SQLite serializes writers: it waits for the database by its busy timeout
+def test_an_enqueue_of_a_key_another_transaction_is_taking(monkeypatch):
+    from django_tasks_plus import DedupKeyLocked
+    from django_tasks_plus.db import dedup
+    from tests.test_locked_rows import key_being_taken
+
+    monkeypatch.setattr(dedup, "DEDUP_LOCK_WAIT", 0.2)
+    with key_being_taken("report:7"), transaction.atomic():
+        with pytest.raises(DedupKeyLocked) as info:
+            tasks.add.using(dedup_key="report:7").enqueue(1, 2)
+        assert nothing_written()  # the caller's transaction is still usable
+    assert str(info.value).endswith(
+        " s and enqueued nothing. Try again once that transaction ends."
+    )
+    assert info.value.retryable and info.value.key == "report:7"
+    assert nothing_written()
+
+
 @row("Enqueue fails inside the caller's transaction", "InvalidTaskArguments")
 def test_failed_enqueue_keeps_the_callers_transaction():
     # The error is raised before any SQL, so the caller's transaction is intact: it can

@@ -474,6 +474,112 @@ def test_the_scheduler_skips_a_locked_schedule_and_fires_the_others():
     assert ScheduleRecord.objects.filter(last_fired_at__isnull=True).count() == 0
 
 
+# -- dedup keys --------------------------------------------------------------------------------
+
+DEDUP_KEYS = "django_tasks_plus_dedupkey"
+
+
+@contextlib.contextmanager
+def key_being_taken(key: str) -> Iterator[psycopg.Connection]:
+    """Another session's enqueue of ``key`` that has not committed (its INSERT of the key
+    row, in a transaction still open); rolled back at the end."""
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            f"INSERT INTO {DEDUP_KEYS} "
+            "(backend_name, key, task_ids, expires_at, until_finished, created_at) "
+            "VALUES ('default', %s, '[]', now() + interval '1 hour', false, now())",
+            [key],
+        )
+        yield other
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_an_enqueue_waits_for_a_key_being_taken_only_so_long(monkeypatch):
+    """The other transaction may commit (the key is held) or roll back (it is free), so
+    the enqueue waits for it, but only ``DEDUP_LOCK_WAIT``: then ``DedupKeyLocked``,
+    nothing enqueued, and the caller's transaction still usable. Once the other has
+    rolled back, the key is taken."""
+    from django.db import transaction
+
+    from django_tasks_plus import DedupKeyLocked
+    from django_tasks_plus.db import dedup
+
+    monkeypatch.setattr(dedup, "DEDUP_LOCK_WAIT", 0.5)
+    with key_being_taken("busy"), lock_timeout(5.0), transaction.atomic():
+        kept = tasks.add.enqueue(0, 0)
+        began = time.monotonic()
+        with pytest.raises(DedupKeyLocked) as info:
+            tasks.add.using(dedup_key="busy").enqueue(1, 2)
+        took = time.monotonic() - began
+        assert list(TaskRecord.objects.values_list("pk", flat=True)) == [uuid.UUID(kept.id)]
+    assert 0.5 <= took < 2.0
+    assert info.value.retryable and info.value.key == "busy"
+    assert str(info.value).startswith(
+        "Dedup key 'busy' of backend 'default': another transaction is taking it and has not ended"
+    )
+    taken = tasks.add.using(dedup_key="busy").enqueue(1, 2)  # the other rolled back
+    assert TaskRecord.objects.get(pk=taken.id).dedup_key == "busy"
+
+
+def test_a_duplicate_does_not_wait_for_another_duplicates_open_transaction():
+    """A held key is read without a lock: a duplicate enqueue answers at once while
+    another session (another duplicate, in a transaction still open) holds the key's row
+    locked."""
+    first = tasks.add.using(dedup_key="held").enqueue(1, 2)
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(f"SELECT 1 FROM {DEDUP_KEYS} WHERE key = 'held' FOR UPDATE")
+        with lock_timeout(2.0):
+            began = time.monotonic()
+            second = tasks.add.using(dedup_key="held").enqueue(3, 4)
+            assert time.monotonic() - began < 1.0
+    finally:
+        other.close()
+    assert second.id == first.id
+    assert TaskRecord.objects.count() == 1
+
+
+def test_a_schedule_whose_key_is_being_taken_stays_due_and_holds_up_no_other(monkeypatch, caplog):
+    """The scheduler's session is shared with the heartbeat: a firing waits a second at
+    most for a dedup key another transaction is taking, leaves that schedule due (not
+    recorded as skipped), fires the others, and fires it once the key is free."""
+    from django_tasks_plus.models import ScheduleOccurrence, ScheduleRecord
+    from django_tasks_plus.schedules import Every, api, store
+    from django_tasks_plus.schedules.store import fire_due
+
+    resolve = store.task_for
+
+    def keyed(definition):  # type: ignore[no-untyped-def]
+        task = resolve(definition)
+        return task.using(dedup_key="nightly") if definition.name == "keyed" else task
+
+    monkeypatch.setattr(store, "task_for", keyed)
+    past = timezone.now() - timedelta(seconds=1)
+    rows = [
+        api.create(name, "tests.tasks.add", Every(hours=1), args=[1, 2])
+        for name in ("keyed", "free")
+    ]
+    ScheduleRecord.objects.filter(pk__in=[row.pk for row in rows]).update(next_at=past)
+    settings = task_backends["default"].settings
+    with key_being_taken("nightly"), lock_timeout(10.0):
+        began = time.monotonic()
+        assert fire_due(settings, timezone.now) == 1
+        took = time.monotonic() - began
+    assert took < store.FIRE_LOCK_WAIT * 2 + 2
+    assert set(
+        ScheduleRecord.objects.filter(last_fired_at__isnull=False).values_list("name", flat=True)
+    ) == {"free"}
+    assert not ScheduleOccurrence.objects.filter(schedule__name="keyed").exists()
+    assert any("Schedule %s: not fired" in r.msg for r in caplog.records)
+    assert fire_due(settings, timezone.now) == 1  # the key is free: it fires now
+    assert TaskRecord.objects.filter(dedup_key="nightly").count() == 1
+
+
 # -- circuit breakers -----------------------------------------------------------------------
 
 BREAKERS = "django_tasks_plus_breakerrecord"
@@ -572,14 +678,13 @@ def test_a_locked_circuit_row_costs_its_task_a_record_not_the_worker(run_worker)
     assert (row.status, row.attempt) == ("FAILED", 1)
 
 
-def test_a_change_to_a_locked_schedule_gives_up_and_changes_nothing(monkeypatch):
+def test_a_change_to_a_locked_schedule_gives_up_and_changes_nothing():
     """Pause, resume, run now, update and delete wait for a schedule row another session
     keeps locked only so long, then raise ``ScheduleLocked`` (a ``ScheduleError``, which
     the admin's actions and ``manage.py schedules`` report)."""
     from django_tasks_plus.models import ScheduleRecord
     from django_tasks_plus.schedules import Every, ScheduleError, ScheduleLocked, api
 
-    monkeypatch.setattr(api, "OPERATOR_LOCK_WAIT", 0.3)
     api.create("nightly", "tests.tasks.add", Every(hours=1), args=[1, 2])
     other = _other_session()
     try:
@@ -590,7 +695,7 @@ def test_a_change_to_a_locked_schedule_gives_up_and_changes_nothing(monkeypatch)
         for change in (api.pause, api.run_now, api.delete):
             began = time.monotonic()
             with pytest.raises(ScheduleLocked, match="another database session holds its row"):
-                change("nightly")
+                change("nightly", lock_wait=0.3)
             assert 0.25 <= time.monotonic() - began < 1.5
         other.execute("COMMIT")
     finally:

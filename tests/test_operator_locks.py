@@ -148,9 +148,9 @@ def test_the_lock_is_held_until_the_callers_transaction_commits():
 def test_patience_gives_each_row_its_wait_until_the_total_is_spent():
     patience = LockPatience(per_row=5.0, total=8.0)
     assert patience.wait() == 5.0
-    patience.gave_up(TaskRowLocked("x", task_id="a", waited=5.01))
+    patience.gave_up(5.01)
     assert patience.wait() == pytest.approx(2.99)
-    patience.gave_up(TaskRowLocked("x", task_id="b", waited=3.0))
+    patience.gave_up(3.0)
     assert patience.wait() == 0.0  # one try each from now on
 
 
@@ -229,3 +229,91 @@ def test_prunetasks_passes_over_locked_rows_and_names_them(held_rows):
     assert "Left 2 tasks unchanged: another database session held their rows locked" in message
     assert set(TaskRecord.objects.values_list("pk", flat=True)) == {uuid.UUID(i) for i in locked}
     assert not connection.in_atomic_block
+
+
+# -- schedules and circuits -------------------------------------------------------------------
+
+
+@pytest.fixture
+def other_session_locks():  # type: ignore[no-untyped-def]
+    """Lock rows from another session's open transaction: call with a table and a
+    WHERE clause; everything is committed and closed at the end."""
+    other = _other_session()
+    other.execute("BEGIN")
+
+    def lock(table: str, where: str, params: list[object]) -> None:
+        other.execute(f"SELECT 1 FROM {table} WHERE {where} FOR UPDATE", params)
+
+    try:
+        yield lock
+    finally:
+        other.execute("COMMIT")
+        other.close()
+
+
+def test_forcing_a_locked_circuit_says_so_and_changes_nothing(other_session_locks):
+    from django_tasks_plus import CircuitLocked, circuits
+    from django_tasks_plus.models import BreakerRecord
+
+    BreakerRecord.objects.create(
+        backend_name="default", name="http", key="api.example.com", state="open",
+        updated_at=timezone.now(),
+    )  # fmt: skip
+    other_session_locks(BreakerRecord._meta.db_table, "key = %s", ["api.example.com"])
+    for force in (circuits.force_close, circuits.force_open):
+        began = time.monotonic()
+        with pytest.raises(CircuitLocked) as info:
+            force("api.example.com", name="http", lock_wait=0.3)
+        assert time.monotonic() - began < 2.0
+        assert info.value.retryable and info.value.waited == 0.3
+        assert str(info.value).startswith(
+            "Circuit 'http/api.example.com' of backend 'default': another database session "
+            "holds its row locked"
+        )
+    assert BreakerRecord.objects.get().state == "open"
+
+
+@pytest.mark.parametrize("page", ("schedules", "circuits"))
+def test_a_bulk_action_on_locked_schedules_or_circuits_costs_seconds_in_all(
+    page, other_session_locks, django_user_model, monkeypatch
+):
+    """Four selected rows another session keeps locked: each may wait within one
+    ``LockPatience`` for the whole action (not 5 s each), each is named in an error
+    message, and nothing is changed."""
+    from django_tasks_plus.admin import breakers as breaker_admin
+    from django_tasks_plus.admin import schedules as schedule_admin
+    from django_tasks_plus.models import BreakerRecord, ScheduleRecord
+    from django_tasks_plus.schedules import Every, api
+
+    if page == "schedules":
+        rows = [api.create(f"s{n}", "tests.tasks.add", Every(hours=1)) for n in range(4)]
+        model, action, admin_module = ScheduleRecord, "pause", schedule_admin
+    else:
+        rows = [
+            BreakerRecord.objects.create(
+                backend_name="default",
+                name="http",
+                key=f"h{n}.example.com",
+                state="open",
+                updated_at=timezone.now(),
+            )
+            for n in range(4)
+        ]
+        model, action, admin_module = BreakerRecord, "force_close", breaker_admin
+    other_session_locks(model._meta.db_table, "id = ANY(%s)", [[row.pk for row in rows]])
+    monkeypatch.setattr(admin_module, "LockPatience", SHORT_PATIENCE)
+    client = admin_client_for("superuser", django_user_model, view=(), actions=())
+    began = time.monotonic()
+    response = client.post(
+        reverse(f"admin:django_tasks_plus_{model._meta.model_name}_changelist"),
+        {"action": action, "_selected_action": [row.pk for row in rows], "index": 0},
+        follow=True,
+    )
+    took = time.monotonic() - began
+    text = response.content.decode()
+    assert took < 3.0, took  # 0.3 s, 0.1 s, then one try each
+    assert text.count("holds its row locked") == 4
+    if page == "schedules":
+        assert not ScheduleRecord.objects.filter(paused=True).exists()
+    else:
+        assert set(BreakerRecord.objects.values_list("state", flat=True)) == {"open"}

@@ -180,7 +180,7 @@ def apply(
                 str(record.pk), backend=record.backend_name, seen=record, lock_wait=patience.wait()
             )
         except TaskRowLocked as exc:
-            patience.gave_up(exc)
+            patience.gave_up(exc.waited)
             outcome.locked.append(str(record.pk))
             continue
         except (TasksPlusError, InvalidTaskBackend, TaskResultDoesNotExist) as exc:

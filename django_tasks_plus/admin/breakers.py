@@ -22,7 +22,8 @@ from django.utils.translation import ngettext
 
 from .. import circuits
 from ..compat import TaskResultStatus
-from ..exceptions import TasksPlusError
+from ..db.rowlock import LockPatience
+from ..exceptions import CircuitLocked, TasksPlusError
 from ..models import BreakerRecord
 from . import html
 from .base import ReadOnlyAdmin, log_change
@@ -191,15 +192,21 @@ class BreakerRecordAdmin(ReadOnlyAdmin):
 
     def _force(self, request: HttpRequest, queryset: QuerySet[BreakerRecord], state: str) -> int:
         released = forced = 0
+        patience = LockPatience()  # rows other sessions keep locked cost seconds in all
         for row in list(queryset):
+            wait = patience.wait()
             try:
                 if state == "closed":
                     released += circuits.force_close(
-                        row.key, name=row.name, backend=row.backend_name
+                        row.key, name=row.name, backend=row.backend_name, lock_wait=wait
                     )
                 else:
-                    circuits.force_open(row.key, name=row.name, backend=row.backend_name)
+                    circuits.force_open(
+                        row.key, name=row.name, backend=row.backend_name, lock_wait=wait
+                    )
             except TasksPlusError as exc:
+                if isinstance(exc, CircuitLocked):
+                    patience.gave_up(exc.waited)
                 self.message_user(request, f"{row}: {exc}", messages.ERROR)
                 continue
             forced += 1

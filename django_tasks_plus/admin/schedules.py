@@ -23,9 +23,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from ..db.rowlock import LockPatience
 from ..models import ScheduleOccurrence, ScheduleRecord, TaskRecord
 from ..schedules import ScheduleError, api
 from ..schedules.declared import RUNTIME
+from ..schedules.errors import ScheduleLocked
 from ..schedules.store import spec_of
 from ..schedules.words import describe
 from . import html
@@ -236,10 +238,13 @@ class ScheduleRecordAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[ScheduleRecord], done: str, call: Any
     ) -> None:
         count = 0
+        patience = LockPatience()  # rows other sessions keep locked cost seconds in all
         for row in list(queryset):
             try:
-                call(row.name, backend=row.backend_name)
+                call(row.name, backend=row.backend_name, lock_wait=patience.wait())
             except ScheduleError as exc:
+                if isinstance(exc, ScheduleLocked):
+                    patience.gave_up(exc.waited)
                 self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
                 continue
             count += 1

@@ -39,13 +39,15 @@ CIRCUIT_COLUMNS = (
 )
 
 
-def _bounded_lock_wait(database: str) -> AbstractContextManager[None]:
-    """Wait at most ``CIRCUIT_LOCK_WAIT`` for the circuit's row: a session that keeps
-    it locked (a transaction left open) fails the decision or the record, which the
-    callers survive (a short hold, a failure not counted), instead of stalling every
-    task thread whose task uses that circuit."""
+def _bounded_lock_wait(database: str, wait: float | None) -> AbstractContextManager[None]:
+    """Wait at most ``wait`` seconds (default ``CIRCUIT_LOCK_WAIT``, read at the call)
+    for the circuit's row: a session that keeps it locked (a transaction left open)
+    fails the decision or the record, which the callers survive (a short hold, a failure
+    not counted), instead of stalling every task thread whose task uses that circuit;
+    an operator's force raises ``CircuitLocked``."""
     connection = connections[database]
-    return dialect_for(connection).lock_wait_bounded(connection, CIRCUIT_LOCK_WAIT)
+    seconds = CIRCUIT_LOCK_WAIT if wait is None else wait
+    return dialect_for(connection).lock_wait_bounded(connection, seconds)
 
 
 def database_now(database: str) -> datetime:
@@ -67,14 +69,19 @@ def stored_circuit(database: str, backend_name: str, name: str, key: str) -> tup
 
 
 def locked_circuit(
-    database: str, backend_name: str, name: str, key: str, now: datetime
+    database: str,
+    backend_name: str,
+    name: str,
+    key: str,
+    now: datetime,
+    wait: float | None = None,
 ) -> tuple[Any, ...]:
     """The circuit's columns, its row locked until the caller's transaction ends.
 
     Must run inside ``transaction.atomic(using=database)``. Creates a closed row first
     when there is none, so two workers deciding about a new key queue on one row.
     """
-    with _bounded_lock_wait(database):
+    with _bounded_lock_wait(database, wait):
         BreakerRecord.objects.using(database).bulk_create(
             [BreakerRecord(backend_name=backend_name, name=name, key=key, updated_at=now)],
             ignore_conflicts=True,
@@ -91,11 +98,11 @@ def locked_circuit(
 
 
 def locked_existing_circuit(
-    database: str, backend_name: str, name: str, key: str
+    database: str, backend_name: str, name: str, key: str, wait: float | None = None
 ) -> tuple[Any, ...] | None:
     """The circuit's columns, its row locked until the caller's transaction ends; None
     (and nothing created) when no circuit is stored. Must run inside ``atomic()``."""
-    with _bounded_lock_wait(database):
+    with _bounded_lock_wait(database, wait):
         row = (
             _rows(database, backend_name, name, key)
             .select_for_update()

@@ -2,26 +2,35 @@
 
 Taken inside the enqueuing transaction by the dialect's insert-unless-held
 (``Dialect.insert_dedup_key``: ``INSERT … ON CONFLICT DO NOTHING``), so the unique
-constraint settles races (a concurrent taker waits for the holder's transaction and then
-sees its row, or, after a rollback, takes the key itself). A held key whose window has
-passed is re-taken under a row lock. ``prune_keys`` deletes keys that no longer hold,
-safely while others enqueue.
+constraint settles races (a concurrent taker waits, a bounded time, for the holder's
+transaction and then sees its row, or, after a rollback, takes the key itself). A held
+key whose window has passed is re-taken under a row lock. ``prune_keys`` deletes keys
+that no longer hold, safely while others enqueue.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, QuerySet
 
 from ..compat import TaskResultStatus
+from ..exceptions import DedupKeyLocked
 from ..models import DedupKey, TaskRecord
 from . import dialect_for
+
+DEDUP_LOCK_WAIT = 5.0
+"""Seconds an enqueue waits for another transaction taking the same key to end. That
+wait is how a race is settled (the other may commit, or roll back and leave the key
+free); a transaction kept open longer (a slow view under ``ATOMIC_REQUESTS``, a
+``psql`` session) must not hang every enqueue of the key, so past it the enqueue raises
+``DedupKeyLocked``. A shorter lock timeout of the session (the scheduler's) is kept."""
 
 PENDING = (TaskResultStatus.READY, TaskResultStatus.RUNNING)
 
@@ -57,11 +66,44 @@ def take_key(
     whether they still exist). On PostgreSQL one statement judges those rows by the
     snapshot it started with, so a taker that waited for a concurrent holder's commit
     would not see that holder's new task rows, judge the key lapsed, and take it too:
-    two tasks for one key. Reading the holder in a statement of its own, after the row is
-    locked, sees them. The price is a gap between the INSERT and that read, in which a
-    cleanup may delete a lapsed key row; the loop then simply starts over, and the
-    unique constraint keeps the outcome race-free.
+    two tasks for one key. Reading the holder in a statement of its own (and, to take it
+    over, again after the row is locked) sees them. The price is a gap between the
+    INSERT and that read, in which a cleanup may delete a lapsed key row; the loop then
+    simply starts over, and the unique constraint keeps the outcome race-free.
+
+    Each wait for another transaction on the key lasts at most ``DEDUP_LOCK_WAIT``, then
+    ``DedupKeyLocked`` is raised; the caller's transaction (or savepoint) must then roll
+    back, as the enqueue's own ``atomic()`` does.
     """
+    dialect = dialect_for(connection)
+    began = time.monotonic()
+    try:
+        with dialect.lock_wait_bounded(connection, DEDUP_LOCK_WAIT):
+            return _take(connection, backend_name, key, task_ids, now, expires_at, until_finished)
+    except OperationalError as exc:
+        if not dialect.lock_not_available(exc):
+            raise
+        waited = time.monotonic() - began
+        raise DedupKeyLocked(
+            f"Dedup key {key!r} of backend {backend_name!r}: another transaction is taking "
+            f"it and has not ended (an enqueue or a take-over of that key, inside a "
+            f"transaction still open); waited {waited:.1f} s and enqueued nothing. Try "
+            "again once that transaction ends.",
+            key=key,
+            waited=waited,
+        ) from exc
+
+
+def _take(
+    connection: BaseDatabaseWrapper,
+    backend_name: str,
+    key: str,
+    task_ids: Sequence[str],
+    now: datetime,
+    expires_at: datetime,
+    until_finished: bool,
+) -> list[str] | None:
+    """``take_key``'s rounds, each lock wait bounded by the caller."""
     for _ in range(_TAKE_ROUNDS):
         if _insert_key(connection, backend_name, key, task_ids, now, expires_at, until_finished):
             return None
@@ -113,16 +155,22 @@ def _take_over_if_lapsed(
     expires_at: datetime,
     until_finished: bool,
 ) -> list[str] | None:
-    """Lock the existing key row; rewrite it if it lapsed (None), else return its holders."""
-    held = (
-        DedupKey.objects.using(database)
-        .select_for_update()
-        .filter(backend_name=backend_name, key=key)
-        .first()
-    )
+    """Return the holders of the existing key row if it still holds; else lock it,
+    judge again, and rewrite it for ``task_ids`` if it lapsed (None).
+
+    A key that holds is read without a lock: a duplicate enqueue then never waits for
+    another duplicate's transaction, which would keep the row locked until it ends.
+    Only a take-over locks the row."""
+    rows = DedupKey.objects.using(database).filter(backend_name=backend_name, key=key)
+    seen = rows.first()
+    if seen is None:
+        raise _KeyVanished(key)
+    if _still_held(seen, database, now):
+        return [str(task_id) for task_id in seen.task_ids]
+    held = rows.select_for_update().first()
     if held is None:
         raise _KeyVanished(key)
-    if _still_held(held, database, now):
+    if _still_held(held, database, now):  # taken over, or its holder committed, meanwhile
         return [str(task_id) for task_id in held.task_ids]
     held.task_ids = list(task_ids)
     held.expires_at = expires_at

@@ -104,9 +104,9 @@ class LockPatience:
         """What the next row may wait."""
         return max(0.0, min(self.per_row, self.total - self.spent))
 
-    def gave_up(self, error: TaskRowLocked) -> None:
-        """Count a row that stayed locked past its wait."""
-        self.spent += error.waited
+    def gave_up(self, waited: float) -> None:
+        """Count a row that stayed locked past its wait (``waited`` seconds)."""
+        self.spent += waited
 
 
 def unlocked(rows: QuerySet[M, Any]) -> QuerySet[M, Any]:

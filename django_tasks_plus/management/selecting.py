@@ -169,7 +169,7 @@ class SelectingCommand(BaseCommand):
             try:
                 outcome = self.act(backend, row, patience.wait())
             except TaskRowLocked as exc:
-                patience.gave_up(exc)
+                patience.gave_up(exc.waited)
                 self.locked.append(row.id)
                 continue
             outcomes[outcome] += 1

@@ -18,6 +18,7 @@ from django.utils import timezone
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_PRIORITY
 from ..db import dialect_for
 from ..db.rowlock import OPERATOR_LOCK_WAIT
+from ..exceptions import DedupKeyLocked
 from ..models import ScheduleRecord
 from ..operations import database_backend
 from .declared import RUNTIME, Definition, default_timezone, validated
@@ -91,7 +92,11 @@ UPDATABLE = frozenset(
 
 
 def update(
-    name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, **changes: Any
+    name: str,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
+    **changes: Any,
 ) -> ScheduleRecord:
     """Change a runtime schedule (the keywords of ``create``); a new timing restarts it
     from its next occurrence."""
@@ -100,7 +105,7 @@ def update(
         raise InvalidSchedule(f"Schedule {name!r}: cannot update {sorted(unknown)}.")
     database = _database(backend)
     with transaction.atomic(using=database):
-        row = _locked(name, database)
+        row = _locked(name, database, lock_wait)
         if row.source != RUNTIME:
             raise ScheduleNotEditable(
                 f"Schedule {name!r} is defined in {row.source}: edit it there (pause, resume "
@@ -133,24 +138,30 @@ def update(
         return row
 
 
-def pause(name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> ScheduleRecord:
+def pause(
+    name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, lock_wait: float = OPERATOR_LOCK_WAIT
+) -> ScheduleRecord:
     """Stop firing ``name`` until resumed."""
     database = _database(backend)
     with transaction.atomic(using=database):
-        row = _locked(name, database)
+        row = _locked(name, database, lock_wait)
         row.paused = True
         row.save(update_fields=["paused", "updated_at"], using=database)
         return row
 
 
 def resume(
-    name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, now: datetime | None = None
+    name: str,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    now: datetime | None = None,
+    lock_wait: float = OPERATOR_LOCK_WAIT,
 ) -> ScheduleRecord:
     """Fire ``name`` again from its next occurrence after now: the paused time is not
     missed (nothing is caught up for it)."""
     database = _database(backend)
     with transaction.atomic(using=database):
-        row = _locked(name, database)
+        row = _locked(name, database, lock_wait)
         if row.paused:
             row.paused = False
             row.next_at = first_occurrence(definition_of(row), now or timezone.now())
@@ -158,25 +169,34 @@ def resume(
         return row
 
 
-def run_now(name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> str:
+def run_now(
+    name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, lock_wait: float = OPERATOR_LOCK_WAIT
+) -> str:
     """Enqueue ``name``'s task once, now, besides its schedule; returns the task id."""
     database = _database(backend)
     with transaction.atomic(using=database):
-        row = _locked(name, database)
-        task_id, problem = enqueue_occurrence(
-            row, definition_of(row), timezone.now(), database, action="run_now"
-        )
+        row = _locked(name, database, lock_wait)
+        try:
+            task_id, problem = enqueue_occurrence(
+                row, definition_of(row), timezone.now(), database, action="run_now"
+            )
+        except DedupKeyLocked as exc:
+            raise ScheduleLocked(
+                f"Schedule {name!r} could not run: {exc}", waited=exc.waited
+            ) from exc
         if task_id is None:
             raise InvalidSchedule(f"Schedule {name!r} could not run: {problem or 'try again'}.")
         row.save(update_fields=["last_fired_at", "last_task_id"], using=database)
         return task_id
 
 
-def delete(name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> None:
+def delete(
+    name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, lock_wait: float = OPERATOR_LOCK_WAIT
+) -> None:
     """Delete a runtime schedule and its history (code and settings ones: pause them)."""
     database = _database(backend)
     with transaction.atomic(using=database):
-        row = _locked(name, database)
+        row = _locked(name, database, lock_wait)
         if row.source != RUNTIME:
             raise ScheduleNotEditable(
                 f"Schedule {name!r} is defined in {row.source}: remove it there, or pause it."
@@ -184,23 +204,24 @@ def delete(name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> None:
         row.delete(using=database)
 
 
-def _locked(name: str, database: str) -> ScheduleRecord:
+def _locked(name: str, database: str, lock_wait: float) -> ScheduleRecord:
     """``name``'s row, locked until the caller's transaction ends; waits for another
-    session's lock at most ``OPERATOR_LOCK_WAIT`` (then ``ScheduleLocked``), as an
+    session's lock at most ``lock_wait`` seconds (then ``ScheduleLocked``), as an
     operator's change to a task does (``db/rowlock.py``)."""
     connection = connections[database]
     dialect = dialect_for(connection)
     rows = ScheduleRecord.objects.using(database).select_for_update().filter(name=name)
     try:
-        with dialect.lock_wait_bounded(connection, OPERATOR_LOCK_WAIT):
+        with dialect.lock_wait_bounded(connection, lock_wait):
             row = rows.first()
     except OperationalError as exc:
         if not dialect.lock_not_available(exc):
             raise
         raise ScheduleLocked(
             f"Schedule {name!r}: another database session holds its row locked (a "
-            f"transaction still open); waited {OPERATOR_LOCK_WAIT:g} s and changed nothing. "
-            "Try again once that transaction ends."
+            f"transaction still open); waited {lock_wait:g} s and changed nothing. "
+            "Try again once that transaction ends.",
+            waited=lock_wait,
         ) from exc
     if row is None:
         raise ScheduleNotFound(f"No schedule is called {name!r}.")

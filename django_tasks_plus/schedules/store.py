@@ -25,6 +25,7 @@ from django.db.models import Field
 from .. import events
 from ..conf import BackendSettings
 from ..db import dialect_for
+from ..exceptions import DedupKeyLocked
 from ..models import ScheduleOccurrence, ScheduleRecord, TaskRecord
 from .declared import CODE, SETTINGS, Definition, task_for
 from .errors import InvalidSchedule
@@ -171,6 +172,12 @@ def sync(settings: BackendSettings, declared: Iterable[Definition], now: datetim
 
 # -- firing ---------------------------------------------------------------------------------
 
+FIRE_LOCK_WAIT = 1.0
+"""Seconds any statement of a firing waits for a lock another session holds: above all
+a task's dedup key that an uncommitted transaction is taking (``DedupKeyLocked``). The
+scheduler shares its session with the heartbeat and leadership, so such a schedule is
+left due and fired on a later tick rather than waited for."""
+
 BATCH_SIZE = 100
 """Due schedules fired in one transaction. A commit per schedule made 1,000 schedules due
 at once take 17-40 s; a batch locks its rows in one statement, enqueues one INSERT per
@@ -206,8 +213,12 @@ def fire_due(settings: BackendSettings, clock: Callable[[], datetime]) -> int:
         try:
             fired += fire_batch(settings, batch, clock)
             continue
-        except (OperationalError, InterfaceError):
-            raise  # the database is unreachable or busy: the tick retries later
+        except (OperationalError, InterfaceError) as exc:
+            if not _locked_out(settings, exc):
+                raise  # the database is unreachable or busy: the tick retries later
+            logger.info(
+                "A batch of %s schedules met a lock (%s); firing them one by one", len(batch), exc
+            )
         except Exception as exc:
             logger.info(
                 "A batch of %s schedules rolled back (%s); firing them one by one", len(batch), exc
@@ -215,9 +226,24 @@ def fire_due(settings: BackendSettings, clock: Callable[[], datetime]) -> int:
         for pk in batch:
             try:
                 fired += fire_one(settings, pk, clock)
-            except Exception:
-                logger.exception("Schedule %s: firing failed; will retry on the next tick", pk)
+            except Exception as exc:
+                if _locked_out(settings, exc):
+                    logger.warning(
+                        "Schedule %s: not fired (%s); will retry on the next tick", pk, exc
+                    )
+                else:
+                    logger.exception("Schedule %s: firing failed; will retry on the next tick", pk)
     return fired
+
+
+def _locked_out(settings: BackendSettings, exc: BaseException) -> bool:
+    """Whether ``exc`` is a lock another session holds (a dedup key being taken, a row):
+    the schedule stays due and fires once the lock is gone."""
+    if isinstance(exc, DedupKeyLocked):
+        return True
+    return isinstance(exc, OperationalError) and dialect_for(
+        connections[settings.database]
+    ).lock_not_available(exc)
 
 
 def fire_one(settings: BackendSettings, pk: int, clock: Callable[[], datetime]) -> int:
@@ -264,7 +290,9 @@ def fire_batch(
     due, so it is fired on a later tick, and one locked row never holds up the others
     (nor can two schedulers deadlock)."""
     database = settings.database
-    with transaction.atomic(using=database):
+    connection = connections[database]
+    bounded = dialect_for(connection).lock_wait_bounded(connection, FIRE_LOCK_WAIT)
+    with transaction.atomic(using=database), bounded:
         locked = list(
             ScheduleRecord.objects.using(database)
             .select_for_update(skip_locked=True)
@@ -434,9 +462,15 @@ def enqueue_occurrence(
             ScheduleOccurrence.objects.using(database).create(
                 schedule=row, at=at, action=action, task_id=result.id
             )
+    except DedupKeyLocked:
+        raise  # not the schedule's problem, and passing: fired once the key's lock is gone
     except Exception as exc:
         if isinstance(exc, IntegrityError) and occurred(row, at, database):
             return None, ""
+        if isinstance(exc, OperationalError) and dialect_for(
+            connections[database]
+        ).lock_not_available(exc):
+            raise
         # A bad task path or arguments, a full queue: the schedule's problem, not ours.
         reason = f"{type(exc).__name__}: {exc}"[:200]
         logger.error("Schedule %r: not enqueued at %s: %s", row.name, at.isoformat(), reason)

@@ -20,7 +20,7 @@ from django.db import DatabaseError
 
 from ...circuits import BreakerStatus, breaker_states, force_close, force_open
 from ...compat import DEFAULT_TASK_BACKEND_ALIAS
-from ...exceptions import CircuitNotFound, UnknownBreaker
+from ...exceptions import CircuitLocked, CircuitNotFound, UnknownBreaker
 from ...limits import BREAKER_NAME_MAX_LENGTH, KEY_MAX_LENGTH
 from ..base import BackendCommand
 
@@ -143,7 +143,7 @@ class Command(BackendCommand):
             self._force(
                 action, backend, name, key, create=options["create"], as_json=options["json"]
             )
-        except (CircuitNotFound, UnknownBreaker) as exc:
+        except (CircuitLocked, CircuitNotFound, UnknownBreaker) as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             raise CommandError(f"The database refused: {exc}") from exc
