@@ -509,14 +509,21 @@ def test_an_enqueue_waits_for_a_key_being_taken_only_so_long(monkeypatch):
     from django_tasks_plus.db import dedup
 
     monkeypatch.setattr(dedup, "DEDUP_LOCK_WAIT", 0.5)
-    with key_being_taken("busy"), lock_timeout(5.0), transaction.atomic():
-        kept = tasks.add.enqueue(0, 0)
-        began = time.monotonic()
-        with pytest.raises(DedupKeyLocked) as info:
+    with key_being_taken("busy"), lock_timeout(5.0):
+        with transaction.atomic():  # in the caller's transaction: bounded in a savepoint
+            kept = tasks.add.enqueue(0, 0)
+            began = time.monotonic()
+            with pytest.raises(DedupKeyLocked) as info:
+                tasks.add.using(dedup_key="busy").enqueue(1, 2)
+            took = time.monotonic() - began
+            assert list(TaskRecord.objects.values_list("pk", flat=True)) == [uuid.UUID(kept.id)]
+            assert _session_lock_timeout() == "5s"  # the caller's own bound, given back
+        assert 0.5 <= took < 2.0
+        began = time.monotonic()  # in the enqueue's own transaction: bounded by its INSERT
+        with pytest.raises(DedupKeyLocked):
             tasks.add.using(dedup_key="busy").enqueue(1, 2)
-        took = time.monotonic() - began
-        assert list(TaskRecord.objects.values_list("pk", flat=True)) == [uuid.UUID(kept.id)]
-    assert 0.5 <= took < 2.0
+        assert 0.5 <= time.monotonic() - began < 2.0
+        assert _session_lock_timeout() == "5s"
     assert info.value.retryable and info.value.key == "busy"
     assert str(info.value).startswith(
         "Dedup key 'busy' of backend 'default': another transaction is taking it and has not ended"

@@ -476,11 +476,20 @@ class Dialect(ABC):
     ) -> None:
         """Insert task rows on ``connection``, numbering them in order, waking workers."""
 
-    def insert_dedup_key(self, connection: BaseDatabaseWrapper, params: Sequence[Any]) -> bool:
+    def insert_dedup_key(
+        self,
+        connection: BaseDatabaseWrapper,
+        params: Sequence[Any],
+        *,
+        lock_wait: float | None = None,
+    ) -> bool:
         """Insert a dedup key row unless one holds the key; True if this call inserted it.
 
         ``params`` are ``sql.INSERT_DEDUP_KEY``'s, driver-ready, the task ids as JSON text.
-        Runs in the caller's transaction."""
+        Runs in the caller's transaction. ``lock_wait``: the statement first bounds the
+        transaction's lock waits to that many seconds until it ends, as
+        ``lock_wait_bounded`` does but in the same round trip (a caller that owns the
+        transaction); where the database has no such bound, nothing."""
         with connection.cursor() as cursor:
             cursor.execute(self._insert_dedup_key_sql, params)
             return cursor.fetchone() is not None

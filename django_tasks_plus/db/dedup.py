@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from datetime import datetime
+from functools import partial
 from typing import Any, cast
 
 from django.db import OperationalError, connections
@@ -76,10 +78,16 @@ def take_key(
     back, as the enqueue's own ``atomic()`` does.
     """
     dialect = dialect_for(connection)
+    # The enqueue's own transaction (not one of the caller's, nor a savepoint in one)
+    # commits right after its INSERT: the key's INSERT sets the bound, to last until
+    # then, in its own round trip. A caller's transaction gets it back as it was.
+    owned = len(connection.atomic_blocks) == 1 and connection.commit_on_exit
+    bounded = nullcontext() if owned else dialect.lock_wait_bounded(connection, DEDUP_LOCK_WAIT)
+    take = partial(_take, connection, backend_name, key, task_ids, now, expires_at, until_finished)
     began = time.monotonic()
     try:
-        with dialect.lock_wait_bounded(connection, DEDUP_LOCK_WAIT):
-            return _take(connection, backend_name, key, task_ids, now, expires_at, until_finished)
+        with bounded:
+            return take(lock_wait=DEDUP_LOCK_WAIT if owned else None)
     except OperationalError as exc:
         if not dialect.lock_not_available(exc):
             raise
@@ -102,10 +110,15 @@ def _take(
     now: datetime,
     expires_at: datetime,
     until_finished: bool,
+    *,
+    lock_wait: float | None,
 ) -> list[str] | None:
-    """``take_key``'s rounds, each lock wait bounded by the caller."""
+    """``take_key``'s rounds; ``lock_wait``: the INSERT's own bound, if it sets one."""
     for _ in range(_TAKE_ROUNDS):
-        if _insert_key(connection, backend_name, key, task_ids, now, expires_at, until_finished):
+        inserted = _insert_key(
+            connection, backend_name, key, task_ids, now, expires_at, until_finished, lock_wait
+        )
+        if inserted:
             return None
         try:
             return _take_over_if_lapsed(
@@ -128,6 +141,7 @@ def _insert_key(
     now: datetime,
     expires_at: datetime,
     until_finished: bool,
+    lock_wait: float | None,
 ) -> bool:
     """Insert the key row unless one exists; True if this call inserted it."""
 
@@ -143,7 +157,7 @@ def _insert_key(
         prep("until_finished", until_finished),
         prep("created_at", now),
     ]
-    return dialect_for(connection).insert_dedup_key(connection, params)
+    return dialect_for(connection).insert_dedup_key(connection, params, lock_wait=lock_wait)
 
 
 def _take_over_if_lapsed(

@@ -266,6 +266,27 @@ BOUND_LOCK_WAIT = """
 """
 RESTORE_LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
 
+# sql.INSERT_DEDUP_KEY that first bounds the transaction's lock waits as BOUND_LOCK_WAIT
+# does (until the transaction ends: its caller owns it), in the same round trip: the
+# bound is set when the row is produced, before the insert meets another transaction's
+# uncommitted key. Parameters: INSERT_DEDUP_KEY's, then the bound in milliseconds twice.
+INSERT_DEDUP_KEY_BOUNDED = """
+    INSERT INTO django_tasks_plus_dedupkey
+        (backend_name, "key", task_ids, expires_at, until_finished, created_at)
+    SELECT %s, %s, %s::jsonb, %s, %s, %s
+    FROM (
+        SELECT EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval) * 1000 AS bound
+    ) AS setting
+    WHERE set_config(
+        'lock_timeout',
+        CASE WHEN bound > 0 AND bound < %s THEN current_setting('lock_timeout')
+             ELSE %s::text || 'ms' END,
+        true
+    ) IS NOT NULL
+    ON CONFLICT (backend_name, "key") DO NOTHING
+    RETURNING id
+"""
+
 # PostgreSQL types of the record columns, so values arrive with the column's type.
 _PG_TYPES = {
     "UUIDField": "uuid",
@@ -498,6 +519,20 @@ class PostgreSQLDialect(Dialect):
         yield
         with connection.cursor() as cursor:  # not reached if the block failed: then
             cursor.execute(RESTORE_LOCK_WAIT, [previous])  # its rollback undoes the bound
+
+    def insert_dedup_key(
+        self,
+        connection: BaseDatabaseWrapper,
+        params: Sequence[Any],
+        *,
+        lock_wait: float | None = None,
+    ) -> bool:
+        if lock_wait is None:
+            return super().insert_dedup_key(connection, params)
+        milliseconds = max(1, int(lock_wait * 1000))
+        with connection.cursor() as cursor:
+            cursor.execute(INSERT_DEDUP_KEY_BOUNDED, [*params, milliseconds, str(milliseconds)])
+            return cursor.fetchone() is not None
 
     def unbound_worker_statements(self, connection: BaseDatabaseWrapper) -> None:
         raw = connection.connection
