@@ -289,50 +289,6 @@ def test_the_reaper_skips_a_locked_expired_row_and_returns_the_others():
     assert _status(locked) == TaskResultStatus.READY
 
 
-def test_a_locked_worker_row_costs_the_heartbeat_a_second_and_no_reaping(caplog):
-    """A session keeps the worker's own row locked: the touch gives up after
-    ``WORKER_ROW_LOCK_WAIT`` rather than the session's lock timeout (a third of the
-    lease), and the round still returns a dead worker's expired lease."""
-    from django_tasks_plus.db.store import WORKER_ROW_LOCK_WAIT
-    from django_tasks_plus.models import WorkerRecord
-    from django_tasks_plus.worker.heartbeat import Heartbeat
-
-    now = timezone.now()
-    WorkerRecord.objects.create(
-        worker_id="beating", backend_name="default", hostname="h", pid=1, queues=[],
-        concurrency=1, started_at=now, last_heartbeat_at=now,
-    )  # fmt: skip
-    [expired] = _claimed(1, visibility_timeout=-1)  # a dead worker's lease
-    heartbeat = Heartbeat(
-        task_backends["default"],
-        worker_id="beating",
-        register=lambda at: pytest.fail("the row exists: nothing to register"),
-        leases=list,
-        on_lost=lambda lost: None,
-        clock=timezone.now,
-        visibility_timeout=30,  # the session's lock timeout: 10 s
-    )
-    other = _other_session()
-    try:
-        other.execute("BEGIN")
-        other.execute(
-            f"SELECT 1 FROM {WorkerRecord._meta.db_table} WHERE worker_id = 'beating' FOR UPDATE"
-        )
-        began = time.monotonic()
-        heartbeat.beat()
-        took = time.monotonic() - began
-    finally:
-        other.close()
-        connection.close()  # the beat bounded this session's statements as a worker's
-    assert WORKER_ROW_LOCK_WAIT <= took < WORKER_ROW_LOCK_WAIT + 3
-    assert _status(expired) == TaskResultStatus.READY
-    assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at == now
-    assert any("touch of the worker row failed" in r.getMessage() for r in caplog.records)
-    heartbeat.beat()  # the row is free again: touched
-    connection.close()
-    assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at > now
-
-
 @contextlib.contextmanager
 def worker_row_locked(worker_id: str) -> Iterator[psycopg.Connection]:
     """Hold the worker row ``worker_id`` locked in another session's open transaction."""
@@ -359,6 +315,42 @@ def _worker_row(worker_id: str, silent_for: timedelta = timedelta(0)) -> None:
         worker_id=worker_id, backend_name="default", hostname="h", pid=1, queues=[],
         concurrency=1, started_at=beat, last_heartbeat_at=beat, visibility_timeout=1,
     )  # fmt: skip
+
+
+def test_a_locked_worker_row_costs_the_heartbeat_a_second_and_no_reaping(caplog):
+    """A session keeps the worker's own row locked: the touch gives up after
+    ``WORKER_ROW_LOCK_WAIT`` rather than the session's lock timeout (a third of the
+    lease), and the round still returns a dead worker's expired lease."""
+    from django_tasks_plus.db.store import WORKER_ROW_LOCK_WAIT
+    from django_tasks_plus.models import WorkerRecord
+    from django_tasks_plus.worker.heartbeat import Heartbeat
+
+    _worker_row("beating")
+    beaten = WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at
+    [expired] = _claimed(1, visibility_timeout=-1)  # a dead worker's lease
+    heartbeat = Heartbeat(
+        task_backends["default"],
+        worker_id="beating",
+        register=lambda at: pytest.fail("the row exists: nothing to register"),
+        leases=list,
+        on_lost=lambda lost: None,
+        clock=timezone.now,
+        visibility_timeout=30,  # the session's lock timeout: 10 s
+    )
+    try:
+        with worker_row_locked("beating"):
+            began = time.monotonic()
+            heartbeat.beat()
+            took = time.monotonic() - began
+    finally:
+        connection.close()  # the beat bounded this session's statements as a worker's
+    assert WORKER_ROW_LOCK_WAIT <= took < WORKER_ROW_LOCK_WAIT + 3
+    assert _status(expired) == TaskResultStatus.READY
+    assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at == beaten
+    assert any("touch of the worker row failed" in r.getMessage() for r in caplog.records)
+    heartbeat.beat()  # the row is free again: touched
+    connection.close()
+    assert WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at > beaten
 
 
 def test_the_leader_forgets_dead_workers_passing_over_a_locked_row():
@@ -437,20 +429,24 @@ def test_a_release_at_shutdown_leaves_a_locked_row_to_its_lease():
 # -- the scheduler ------------------------------------------------------------------------
 
 
+def _due_schedules(*names: str):  # type: ignore[no-untyped-def]
+    """Runtime schedules of ``tests.tasks.add`` due a second ago; the backend's settings."""
+    from django_tasks_plus.models import ScheduleRecord
+    from django_tasks_plus.schedules import Every, api
+
+    past = timezone.now() - timedelta(seconds=1)
+    rows = [api.create(name, "tests.tasks.add", Every(hours=1), args=[1, 2]) for name in names]
+    ScheduleRecord.objects.filter(pk__in=[row.pk for row in rows]).update(next_at=past)
+    return task_backends["default"].settings
+
+
 def test_the_scheduler_skips_a_locked_schedule_and_fires_the_others():
     """A schedule row the application keeps locked (editing it in an open transaction)
     stays due and fires once the lock is gone; the other due schedules fire meanwhile."""
     from django_tasks_plus.models import ScheduleRecord
-    from django_tasks_plus.schedules import Every, api
     from django_tasks_plus.schedules.store import fire_due
 
-    past = timezone.now() - timedelta(seconds=1)
-    rows = [
-        api.create(name, "tests.tasks.add", Every(hours=1), args=[1, 2])
-        for name in ("locked", "free")
-    ]
-    ScheduleRecord.objects.filter(pk__in=[row.pk for row in rows]).update(next_at=past)
-    settings = task_backends["default"].settings
+    settings = _due_schedules("locked", "free")
     other = _other_session()
     try:
         other.execute("BEGIN")
@@ -556,7 +552,7 @@ def test_a_schedule_whose_key_is_being_taken_stays_due_and_holds_up_no_other(mon
     most for a dedup key another transaction is taking, leaves that schedule due (not
     recorded as skipped), fires the others, and fires it once the key is free."""
     from django_tasks_plus.models import ScheduleOccurrence, ScheduleRecord
-    from django_tasks_plus.schedules import Every, api, store
+    from django_tasks_plus.schedules import store
     from django_tasks_plus.schedules.store import fire_due
 
     resolve = store.task_for
@@ -566,13 +562,7 @@ def test_a_schedule_whose_key_is_being_taken_stays_due_and_holds_up_no_other(mon
         return task.using(dedup_key="nightly") if definition.name == "keyed" else task
 
     monkeypatch.setattr(store, "task_for", keyed)
-    past = timezone.now() - timedelta(seconds=1)
-    rows = [
-        api.create(name, "tests.tasks.add", Every(hours=1), args=[1, 2])
-        for name in ("keyed", "free")
-    ]
-    ScheduleRecord.objects.filter(pk__in=[row.pk for row in rows]).update(next_at=past)
-    settings = task_backends["default"].settings
+    settings = _due_schedules("keyed", "free")
     with key_being_taken("nightly"), lock_timeout(10.0):
         began = time.monotonic()
         assert fire_due(settings, timezone.now) == 1

@@ -142,22 +142,15 @@ def test_a_flush_outside_a_worker_waits_a_locked_row_only_so_long(caplog):
     for the next flush, which writes them once."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks: PostgreSQL")
-    import psycopg
-
     from django_tasks_plus.db.metrics import FLUSH_LOCK_WAIT
+    from tests.test_locked_rows import _other_session
 
     caplog.set_level(logging.WARNING, "django_tasks_plus")
     first = _first_minute()
     held = _minute(first + MINUTES - 1)
     add_metrics("default", [("default", held, "default", PATH, "dead_lettered", 0)])
     _dead_letters(first)
-    params = connection.settings_dict
-    locker = psycopg.connect(
-        dbname=params["NAME"],
-        user=params.get("USER") or None,
-        host=params.get("HOST") or None,
-        port=params.get("PORT") or None,
-    )
+    locker = _other_session()  # autocommit: its transaction is opened below
     outcome: dict[str, float] = {}
 
     def flush() -> None:
@@ -169,11 +162,10 @@ def test_a_flush_outside_a_worker_waits_a_locked_row_only_so_long(caplog):
             connection.close()
 
     try:
-        with locker.cursor() as cursor:
-            cursor.execute(
-                "SELECT id FROM django_tasks_plus_metricrecord WHERE minute = %s FOR UPDATE",
-                [held],
-            )
+        locker.execute("BEGIN")
+        locker.execute(
+            "SELECT id FROM django_tasks_plus_metricrecord WHERE minute = %s FOR UPDATE", [held]
+        )
         flusher = threading.Thread(target=flush)
         flusher.start()
         flusher.join(FLUSH_LOCK_WAIT + 10)

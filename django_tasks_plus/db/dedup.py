@@ -14,8 +14,8 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from typing import Any, cast
 
 from django.db import OperationalError, connections
@@ -49,6 +49,19 @@ class _KeyVanished(RuntimeError):
     """Internal: the key row was deleted between the INSERT and the read of the holder."""
 
 
+@dataclass(frozen=True)
+class KeyTake:
+    """One enqueue's claim on a key: for ``task_ids``, from ``now`` to ``expires_at``
+    (or until those tasks have finished)."""
+
+    backend_name: str
+    key: str
+    task_ids: Sequence[str]
+    now: datetime
+    expires_at: datetime
+    until_finished: bool
+
+
 def take_key(
     connection: BaseDatabaseWrapper,
     *,
@@ -77,17 +90,17 @@ def take_key(
     ``DedupKeyLocked`` is raised; the caller's transaction (or savepoint) must then roll
     back, as the enqueue's own ``atomic()`` does.
     """
+    take = KeyTake(backend_name, key, task_ids, now, expires_at, until_finished)
     dialect = dialect_for(connection)
     # The enqueue's own transaction (not one of the caller's, nor a savepoint in one)
     # commits right after its INSERT: the key's INSERT sets the bound, to last until
     # then, in its own round trip. A caller's transaction gets it back as it was.
     owned = len(connection.atomic_blocks) == 1 and connection.commit_on_exit
     bounded = nullcontext() if owned else dialect.lock_wait_bounded(connection, DEDUP_LOCK_WAIT)
-    take = partial(_take, connection, backend_name, key, task_ids, now, expires_at, until_finished)
     began = time.monotonic()
     try:
         with bounded:
-            return take(lock_wait=DEDUP_LOCK_WAIT if owned else None)
+            return _take(connection, take, lock_wait=DEDUP_LOCK_WAIT if owned else None)
     except OperationalError as exc:
         if not dialect.lock_not_available(exc):
             raise
@@ -103,46 +116,24 @@ def take_key(
 
 
 def _take(
-    connection: BaseDatabaseWrapper,
-    backend_name: str,
-    key: str,
-    task_ids: Sequence[str],
-    now: datetime,
-    expires_at: datetime,
-    until_finished: bool,
-    *,
-    lock_wait: float | None,
+    connection: BaseDatabaseWrapper, take: KeyTake, *, lock_wait: float | None
 ) -> list[str] | None:
     """``take_key``'s rounds; ``lock_wait``: the INSERT's own bound, if it sets one."""
     for _ in range(_TAKE_ROUNDS):
-        inserted = _insert_key(
-            connection, backend_name, key, task_ids, now, expires_at, until_finished, lock_wait
-        )
-        if inserted:
+        if _insert_key(connection, take, lock_wait):
             return None
         try:
-            return _take_over_if_lapsed(
-                connection.alias, backend_name, key, task_ids, now, expires_at, until_finished
-            )
+            return _take_over_if_lapsed(connection.alias, take)
         except _KeyVanished:
             continue
     raise RuntimeError(
-        f"Could not take dedup key {key!r}: its row was deleted {_TAKE_ROUNDS} times while "
-        "this enqueue tried to read it. Is a cleanup deleting keys that still hold? Use "
-        "django_tasks_plus.prune_dedup_keys(), which deletes only lapsed keys."
+        f"Could not take dedup key {take.key!r}: its row was deleted {_TAKE_ROUNDS} times "
+        "while this enqueue tried to read it. Is a cleanup deleting keys that still hold? "
+        "Use django_tasks_plus.prune_dedup_keys(), which deletes only lapsed keys."
     )
 
 
-def _insert_key(
-    connection: BaseDatabaseWrapper,
-    backend_name: str,
-    key: str,
-    task_ids: Sequence[str],
-    now: datetime,
-    expires_at: datetime,
-    until_finished: bool,
-    lock_wait: float | None,
-) -> bool:
+def _insert_key(connection: BaseDatabaseWrapper, take: KeyTake, lock_wait: float | None) -> bool:
     """Insert the key row unless one exists; True if this call inserted it."""
 
     def prep(name: str, value: Any) -> Any:
@@ -150,46 +141,38 @@ def _insert_key(
         return field.get_db_prep_save(value, connection)
 
     params = [
-        prep("backend_name", backend_name),
-        prep("key", key),
-        _json_ids(task_ids),
-        prep("expires_at", expires_at),
-        prep("until_finished", until_finished),
-        prep("created_at", now),
+        prep("backend_name", take.backend_name),
+        prep("key", take.key),
+        _json_ids(take.task_ids),
+        prep("expires_at", take.expires_at),
+        prep("until_finished", take.until_finished),
+        prep("created_at", take.now),
     ]
     return dialect_for(connection).insert_dedup_key(connection, params, lock_wait=lock_wait)
 
 
-def _take_over_if_lapsed(
-    database: str,
-    backend_name: str,
-    key: str,
-    task_ids: Sequence[str],
-    now: datetime,
-    expires_at: datetime,
-    until_finished: bool,
-) -> list[str] | None:
+def _take_over_if_lapsed(database: str, take: KeyTake) -> list[str] | None:
     """Return the holders of the existing key row if it still holds; else lock it,
-    judge again, and rewrite it for ``task_ids`` if it lapsed (None).
+    judge again, and rewrite it for the take if it lapsed (None).
 
     A key that holds is read without a lock: a duplicate enqueue then never waits for
     another duplicate's transaction, which would keep the row locked until it ends.
     Only a take-over locks the row."""
-    rows = DedupKey.objects.using(database).filter(backend_name=backend_name, key=key)
+    rows = DedupKey.objects.using(database).filter(backend_name=take.backend_name, key=take.key)
     seen = rows.first()
     if seen is None:
-        raise _KeyVanished(key)
-    if _still_held(seen, database, now):
+        raise _KeyVanished(take.key)
+    if _still_held(seen, database, take.now):
         return [str(task_id) for task_id in seen.task_ids]
     held = rows.select_for_update().first()
     if held is None:
-        raise _KeyVanished(key)
-    if _still_held(held, database, now):  # taken over, or its holder committed, meanwhile
+        raise _KeyVanished(take.key)
+    if _still_held(held, database, take.now):  # taken over, or its holder committed, meanwhile
         return [str(task_id) for task_id in held.task_ids]
-    held.task_ids = list(task_ids)
-    held.expires_at = expires_at
-    held.until_finished = until_finished
-    held.created_at = now
+    held.task_ids = list(take.task_ids)
+    held.expires_at = take.expires_at
+    held.until_finished = take.until_finished
+    held.created_at = take.now
     held.save(using=database)
     return None
 
