@@ -210,6 +210,42 @@ def test_a_minute_a_flush_holds_is_passed_over_and_its_late_count_kept():
     assert not MetricRecord.objects.exclude(minute=ALL_TIME).exists()
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's row locks")
+def test_an_hour_another_session_holds_fails_the_batch_soon_and_loses_nothing():
+    """The leader's rollup runs on the session the lease renewal shares: an hour's row
+    another session keeps locked fails the batch after ``FLUSH_LOCK_WAIT`` (not that
+    session's lock timeout), both halves roll back, and a later rollup moves it all."""
+    import time
+
+    from django_tasks_plus.db.metrics import FLUSH_LOCK_WAIT
+    from tests.test_locked_rows import _other_session, lock_timeout
+
+    now = _minute(timezone.now())
+    hour_start = (now - timedelta(hours=30)).replace(minute=0)
+    _fill(hour_start, 60)
+    boundary = now - timedelta(days=1)
+    _roll_all(boundary)
+    add_metrics(DB, [(BACKEND, hour_start, "default", "tests.tasks.add", NAMES[0], 5)])
+    hour = MetricHour.objects.get(hour=hour_start, queue_name="default", name=NAMES[0])
+    other = _other_session()
+    try:
+        other.execute("BEGIN")
+        other.execute(
+            "SELECT 1 FROM django_tasks_plus_metrichour WHERE id = %s FOR UPDATE", [hour.pk]
+        )
+        with lock_timeout(20.0):  # as the leader's session: a third of a 60 s lease
+            began = time.monotonic()
+            with pytest.raises(DatabaseError, match="lock timeout"):
+                roll_up_minutes(DB, BACKEND, boundary, ALL_TIME, 1000)
+            assert time.monotonic() - began < FLUSH_LOCK_WAIT + 1.5
+    finally:
+        other.close()
+    assert MetricRecord.objects.exclude(minute=ALL_TIME).count() == 1  # kept for later
+    assert MetricHour.objects.get(pk=hour.pk).value == hour.value  # nothing added yet
+    assert _roll_all(boundary) == 1
+    assert MetricHour.objects.get(pk=hour.pk).value == hour.value + 5
+
+
 def test_old_hours_are_deleted_a_batch_at_a_time():
     now = _minute(timezone.now())
     for days in (100, 95, 10):

@@ -166,8 +166,12 @@ def roll_up_minutes(
     The minutes are locked first, in key order, passing over rows a flush holds (a late
     flush adding to an old minute): the next batch takes them, and a count is never
     read here and then changed before its row is deleted. A failure rolls back both
-    halves, so a re-run finds the same minutes and nothing is counted twice."""
-    with transaction.atomic(using=database):
+    halves, so a re-run finds the same minutes and nothing is counted twice. An hour's
+    row another session keeps locked fails the batch after ``FLUSH_LOCK_WAIT``, not the
+    leader's session lock timeout, which the lease renewal would wait out."""
+    connection = connections[database]
+    bounded = dialect_for(connection).lock_wait_bounded(connection, FLUSH_LOCK_WAIT)
+    with transaction.atomic(using=database), bounded:
         rows = (
             MetricRecord.objects.using(database)
             .filter(backend_name=backend, minute__lt=before)
