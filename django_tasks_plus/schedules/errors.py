@@ -25,10 +25,11 @@ class ScheduleNotEditable(ScheduleError):
 
 class ScheduleLocked(ScheduleError):
     """A change to a schedule (update, pause, resume, run now, delete) met its row locked
-    by another database session for longer than it may wait (5 seconds): a transaction
-    still open elsewhere. Also raised by run now when the task's dedup key is being
-    taken by a transaction still open (``DedupKeyLocked``, the cause). Nothing was
-    changed; try again once that transaction ends. Attribute: ``waited`` (seconds)."""
+    by another database session for longer than it may wait (``lock_wait``, 5 seconds by
+    default): a transaction still open elsewhere. Also raised by run now when the task's
+    dedup key is being taken by a transaction still open (``DedupKeyLocked``, the
+    cause). Nothing was changed; try again once that transaction ends. Attribute:
+    ``waited`` (seconds)."""
 
     retryable = True
 

@@ -214,7 +214,7 @@ def fire_due(settings: BackendSettings, clock: Callable[[], datetime]) -> int:
             fired += fire_batch(settings, batch, clock)
             continue
         except (OperationalError, InterfaceError) as exc:
-            if not _locked_out(settings, exc):
+            if not locked_out(settings.database, exc):
                 raise  # the database is unreachable or busy: the tick retries later
             logger.info(
                 "A batch of %s schedules met a lock (%s); firing them one by one", len(batch), exc
@@ -227,7 +227,7 @@ def fire_due(settings: BackendSettings, clock: Callable[[], datetime]) -> int:
             try:
                 fired += fire_one(settings, pk, clock)
             except Exception as exc:
-                if _locked_out(settings, exc):
+                if locked_out(settings.database, exc):
                     logger.warning(
                         "Schedule %s: not fired (%s); will retry on the next tick", pk, exc
                     )
@@ -236,13 +236,13 @@ def fire_due(settings: BackendSettings, clock: Callable[[], datetime]) -> int:
     return fired
 
 
-def _locked_out(settings: BackendSettings, exc: BaseException) -> bool:
+def locked_out(database: str, exc: BaseException) -> bool:
     """Whether ``exc`` is a lock another session holds (a dedup key being taken, a row):
     the schedule stays due and fires once the lock is gone."""
     if isinstance(exc, DedupKeyLocked):
         return True
     return isinstance(exc, OperationalError) and dialect_for(
-        connections[settings.database]
+        connections[database]
     ).lock_not_available(exc)
 
 
@@ -462,15 +462,11 @@ def enqueue_occurrence(
             ScheduleOccurrence.objects.using(database).create(
                 schedule=row, at=at, action=action, task_id=result.id
             )
-    except DedupKeyLocked:
-        raise  # not the schedule's problem, and passing: fired once the key's lock is gone
     except Exception as exc:
+        if locked_out(database, exc):
+            raise  # not the schedule's problem, and passing: fired once the lock is gone
         if isinstance(exc, IntegrityError) and occurred(row, at, database):
             return None, ""
-        if isinstance(exc, OperationalError) and dialect_for(
-            connections[database]
-        ).lock_not_available(exc):
-            raise
         # A bad task path or arguments, a full queue: the schedule's problem, not ours.
         reason = f"{type(exc).__name__}: {exc}"[:200]
         logger.error("Schedule %r: not enqueued at %s: %s", row.name, at.isoformat(), reason)
