@@ -136,8 +136,7 @@ def test_a_stall_longer_than_the_lease_costs_at_most_one_rerun(start_worker, mar
     for n, result in enumerate(after):
         assert _row(result).status == TaskResultStatus.SUCCESSFUL, log
         assert _runs(markers, f"after-{n}") == 1, log
-    worker.terminate()
-    worker.wait(timeout=30)
+    _stop(worker, tmp_path)
 
 
 # -- one row another session holds locked -----------------------------------------------
@@ -157,6 +156,20 @@ def _hold_row_lock(row_id: str, seconds: float, held: threading.Event) -> None:
         locker.execute("COMMIT")
     finally:
         locker.close()
+
+
+def _stop(worker: subprocess.Popen[bytes], logs: Path) -> None:
+    """SIGTERM the worker and wait for it: its own bound is the shutdown timeout (30 s)
+    for running tasks plus its services' stop, so waiting only 30 s could fail a worker
+    that keeps its promise; one that breaks it fails the test with its log."""
+    worker.terminate()
+    try:
+        worker.wait(timeout=45)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        pytest.fail(f"the worker did not stop within 45 s of SIGTERM:\n{worker_log(logs)[-4000:]}")
+    log = worker_log(logs)
+    assert "Shutdown timeout" not in log, log[-4000:]  # no task of these tests is left running
 
 
 @postgres_only
@@ -204,8 +217,7 @@ def test_one_locked_row_does_not_stall_the_workers_other_tasks(start_worker, mar
     for n in range(3):
         assert _runs(markers, f"quick-{n}") == 1, log
     assert "lock timeout" not in log, log
-    worker.terminate()
-    worker.wait(timeout=30)
+    _stop(worker, tmp_path)
 
 
 # -- a host whose clock runs ahead ------------------------------------------------------
