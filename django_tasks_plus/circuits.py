@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -62,7 +62,7 @@ from .breaker import (
     split_scoped_key,
 )
 from .db import breakers as store
-from .db import dialect_for
+from .db.rowlock import lock_refused_as
 from .exceptions import (
     BreakerHeldTooLong,
     CircuitLocked,
@@ -561,23 +561,20 @@ def force_open(
     _announce(None, where, current, after, "operator")
 
 
-@contextmanager
-def _locked_out_as_error(where: _Key, lock_wait: float) -> Iterator[None]:
+def _locked_out_as_error(where: _Key, lock_wait: float) -> AbstractContextManager[None]:
     """An operator's force that met the circuit's row locked past ``lock_wait``: the
     typed ``CircuitLocked`` (nothing changed), not the driver's lock error."""
-    try:
-        yield
-    except OperationalError as exc:
-        if not dialect_for(connections[where.database]).lock_not_available(exc):
-            raise
-        raise CircuitLocked(
+    return lock_refused_as(
+        where.database,
+        lambda _waited: CircuitLocked(
             f"Circuit {where.scoped!r} of backend {where.backend!r}: another database "
             f"session holds its row locked (a transaction still open); waited "
             f"{lock_wait:g} s and changed nothing. Try again once that transaction ends.",
             name=where.name,
             key=where.key,
             waited=lock_wait,
-        ) from exc
+        ),
+    )
 
 
 def _where(key: str, name: str, backend: str) -> _Key:

@@ -10,7 +10,6 @@ that no longer hold, safely while others enqueue.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import OperationalError, connections
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, QuerySet
 
@@ -26,6 +25,7 @@ from ..compat import TaskResultStatus
 from ..exceptions import DedupKeyLocked
 from ..models import DedupKey, TaskRecord
 from . import dialect_for
+from .rowlock import lock_refused_as
 
 DEDUP_LOCK_WAIT = 5.0
 """Seconds an enqueue waits for another transaction taking the same key to end. That
@@ -97,22 +97,19 @@ def take_key(
     # then, in its own round trip. A caller's transaction gets it back as it was.
     owned = len(connection.atomic_blocks) == 1 and connection.commit_on_exit
     bounded = nullcontext() if owned else dialect.lock_wait_bounded(connection, DEDUP_LOCK_WAIT)
-    began = time.monotonic()
-    try:
-        with bounded:
-            return _take(connection, take, lock_wait=DEDUP_LOCK_WAIT if owned else None)
-    except OperationalError as exc:
-        if not dialect.lock_not_available(exc):
-            raise
-        waited = time.monotonic() - began
-        raise DedupKeyLocked(
+    refused = lock_refused_as(
+        connection.alias,
+        lambda waited: DedupKeyLocked(
             f"Dedup key {key!r} of backend {backend_name!r}: another transaction is taking "
             f"it and has not ended (an enqueue or a take-over of that key, inside a "
             f"transaction still open); waited {waited:.1f} s and enqueued nothing. Try "
             "again once that transaction ends.",
             key=key,
             waited=waited,
-        ) from exc
+        ),
+    )
+    with refused, bounded:
+        return _take(connection, take, lock_wait=DEDUP_LOCK_WAIT if owned else None)
 
 
 def _take(

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.models import Model, QuerySet
 from django.db.models.expressions import RawSQL
 
@@ -107,6 +107,20 @@ class LockPatience:
     def gave_up(self, waited: float) -> None:
         """Count a row that stayed locked past its wait (``waited`` seconds)."""
         self.spent += waited
+
+
+@contextmanager
+def lock_refused_as(database: str, error: Callable[[float], Exception]) -> Iterator[None]:
+    """Raise ``error(seconds waited)`` for the database's refusal of a lock inside the
+    block (a bounded lock wait that ran out): a typed error that says which row and what
+    to do, instead of the driver's. Any other failure passes unchanged."""
+    began = time.monotonic()
+    try:
+        yield
+    except OperationalError as exc:
+        if not dialect_for(connections[database]).lock_not_available(exc):
+            raise
+        raise error(time.monotonic() - began) from exc
 
 
 def unlocked(rows: QuerySet[M, Any]) -> QuerySet[M, Any]:

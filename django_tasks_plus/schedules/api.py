@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import OperationalError, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from ..compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_PRIORITY
 from ..db import dialect_for
-from ..db.rowlock import OPERATOR_LOCK_WAIT
+from ..db.rowlock import OPERATOR_LOCK_WAIT, lock_refused_as
 from ..exceptions import DedupKeyLocked
 from ..models import ScheduleRecord
 from ..operations import database_backend
@@ -209,20 +209,18 @@ def _locked(name: str, database: str, lock_wait: float) -> ScheduleRecord:
     session's lock at most ``lock_wait`` seconds (then ``ScheduleLocked``), as an
     operator's change to a task does (``db/rowlock.py``)."""
     connection = connections[database]
-    dialect = dialect_for(connection)
     rows = ScheduleRecord.objects.using(database).select_for_update().filter(name=name)
-    try:
-        with dialect.lock_wait_bounded(connection, lock_wait):
-            row = rows.first()
-    except OperationalError as exc:
-        if not dialect.lock_not_available(exc):
-            raise
-        raise ScheduleLocked(
+    refused = lock_refused_as(
+        database,
+        lambda _waited: ScheduleLocked(
             f"Schedule {name!r}: another database session holds its row locked (a "
             f"transaction still open); waited {lock_wait:g} s and changed nothing. "
             "Try again once that transaction ends.",
             waited=lock_wait,
-        ) from exc
+        ),
+    )
+    with refused, dialect_for(connection).lock_wait_bounded(connection, lock_wait):
+        row = rows.first()
     if row is None:
         raise ScheduleNotFound(f"No schedule is called {name!r}.")
     return row
