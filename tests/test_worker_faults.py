@@ -139,6 +139,51 @@ def test_a_stall_longer_than_the_lease_costs_at_most_one_rerun(start_worker, mar
     _stop(worker, tmp_path)
 
 
+def _stall_the_task_table(seconds: float) -> None:
+    """Make the task table unwritable for ``seconds``: PostgreSQL, ``LOCK TABLE … IN
+    ACCESS EXCLUSIVE MODE`` (reads wait too); SQLite, another session's write
+    transaction (what a paused process holding the write lock does to everyone)."""
+    locker = _other_connection()
+    try:
+        if connection.vendor == "postgresql":
+            locker.execute("BEGIN")
+            locker.execute(f"LOCK TABLE {TaskRecord._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        else:
+            locker.execute("BEGIN IMMEDIATE")
+        time.sleep(seconds)
+        locker.execute("COMMIT")
+    finally:
+        locker.close()
+
+
+def test_after_a_stall_another_workers_reaper_leaves_a_live_lease_alone(
+    start_worker, markers, tmp_path
+):
+    """The task table is unwritable for twice the lease while one worker runs a long task
+    and a second one idles: neither could renew or reap meanwhile. When the stall ends,
+    the second worker's heartbeat knows it was held up, so it leaves the other workers'
+    expired leases alone until they have had a lease's time to renew them. The task runs
+    once, and its lease was never returned (before: a race between the holder's renewal
+    and the other worker's reaper, which the reaper won about as often as not, the chaos
+    run's skewed worker among its losers)."""
+    from django_tasks_plus.models import WorkerRecord
+
+    long_one = tasks.counts_runs.enqueue("long", 10.0)  # still running after the stall
+    start_worker("--worker-id", "holder", "--queue", "slow", "--visibility-timeout", "3")
+    wait_for(lambda: _runs(markers, "long") == 1)
+    start_worker("--worker-id", "reaper", "--queue", "default", "--visibility-timeout", "3")
+    wait_for(lambda: WorkerRecord.objects.filter(worker_id="reaper").exists())
+    _stall_the_task_table(6.0)
+    wait_for(lambda: _row(long_one).status != TaskResultStatus.RUNNING, timeout=60)
+    log = worker_log(tmp_path) + worker_log(tmp_path, 1)
+    row = _row(long_one)
+    assert row.status == TaskResultStatus.SUCCESSFUL, log
+    assert _runs(markers, "long") == 1, log
+    assert row.errors == [], log  # no LeaseExpired recorded: the lease was never returned
+    assert "expired; now READY" not in log, log
+    assert "was held up" in worker_log(tmp_path, 1), log
+
+
 # -- one row another session holds locked -----------------------------------------------
 
 

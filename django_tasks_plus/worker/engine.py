@@ -55,7 +55,7 @@ from .config import WorkerConfig
 from .dbclock import DatabaseClock
 from .doers import Doer, make_doer
 from .execution import TaskRunner
-from .heartbeat import Heartbeat, Lease
+from .heartbeat import Heartbeat, Lease, heartbeat_interval
 from .leadership import LeaderElection
 from .outcome import outcome_for
 from .plugins import ServiceContext, plugged_services
@@ -266,6 +266,7 @@ class Worker:
 
     def _run(self) -> int:
         self._install_signal_handlers()
+        starting = time.monotonic()
         try:
             with self.claim_session.turn():
                 if self.database_clock is not None:
@@ -292,7 +293,7 @@ class Worker:
             self.services.start()
             # Return what dead workers left behind before the first claim (matters for
             # --burst); a failure here is the heartbeat's to retry, not fatal.
-            self._reap_at_start()
+            self._reap_at_start(starting)
             self._loop()
         finally:
             abandoned = self._shutdown()
@@ -399,10 +400,19 @@ class Worker:
             {"worker_id": self.config.worker_id, "backend": self.backend.alias},
         )
 
-    def _reap_at_start(self) -> None:
+    def _reap_at_start(self, starting: float) -> None:
+        """Return expired leases now, unless this worker's start (since ``starting``)
+        took longer than the heartbeat's slack: a stall that held up the start held up
+        the holders' renewals too, and the heartbeat reaps once they have had the time
+        (``reapgate``)."""
+        slack = heartbeat_interval(self.config.visibility_timeout) / 2
         try:
             with self.claim_session.turn():
-                reap_expired(self.backend, self.clock)
+                reap_expired(
+                    self.backend,
+                    self.clock,
+                    still_prompt=lambda: time.monotonic() - starting <= slack,
+                )
         except DatabaseError as exc:
             logger.warning("Returning expired leases at start failed (%s); will retry.", exc)
         except Exception:

@@ -5,6 +5,7 @@ row again if it was deleted meanwhile), return expired leases. (The leader's pru
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from ..db import worker_connection
 from ..db.store import WorkerStatus, heartbeat_worker, renew_leases
 from ..liveness import STALE_WORKER_FACTOR
 from .reaper import reap_expired
+from .reapgate import MAX_DEFERRAL, ReapGate, Verdict
 from .services import LoopService
 
 if TYPE_CHECKING:
@@ -34,10 +36,13 @@ class Heartbeat(LoopService):
     writes ``status()`` (attempts processed and failed, leadership) in the same UPDATE.
 
     Renewal comes first in each round, so after a stall (a locked table, a paused
-    process) this worker's own live leases are extended before any reaping is done.
-    Reaping runs on every worker, not only the leader: it is safe concurrently (each
-    reap is fenced by the lease token) and a dead worker's tasks then come back within
-    one heartbeat of a surviving worker, even while leadership is changing hands.
+    process) this worker's own live leases are extended before any reaping is done; and
+    a round that finds this worker held up (late, or a step slow or failed) leaves the
+    other workers' leases alone for one visibility timeout, in which their renewals,
+    held up by the same stall, land (``reapgate``). Reaping runs on every worker, not
+    only the leader: it is safe concurrently (each reap is fenced by the lease token)
+    and a dead worker's tasks then come back within one heartbeat of a surviving
+    worker, even while leadership is changing hands.
     """
 
     name = "tasks-heartbeat"
@@ -65,7 +70,10 @@ class Heartbeat(LoopService):
         self.sync_clock = sync_clock
         self.status = status
         self.visibility_timeout = visibility_timeout
-        self.interval = max(0.05, visibility_timeout / 3)
+        self.interval = heartbeat_interval(visibility_timeout)
+        self.gate = ReapGate(visibility_timeout, self.interval)
+        self._deferral_told = False
+        self.monotonic = time.monotonic
 
     def tick(self) -> None:
         self.beat()
@@ -74,10 +82,61 @@ class Heartbeat(LoopService):
         """One round of upkeep. Each part's failure is logged and retried next round; a
         touch that fails (a session keeps the worker's row locked, say) does not keep
         the round from reaping, and the renewal it follows has already run."""
-        if not _attempted("Heartbeat", self.renew):
+        self.gate.round_started(self.monotonic())
+        try:
+            if not self._step("Heartbeat", self.renew):
+                return
+            # A touch refused its own row (a session keeps it locked) is no stall of the
+            # others: only its wait counts.
+            self._step("The heartbeat's touch of the worker row", self.touch, failure_counts=False)
+            self._reap()
+        finally:
+            self.gate.round_ended(self.monotonic())
+
+    def _step(self, what: str, step: Callable[[], object], *, failure_counts: bool = True) -> bool:
+        """``_attempted``, timed for the gate: a slow step is a stall, and so is a failed
+        one (a lost connection, a statement given up) unless ``failure_counts`` is off."""
+        started = self.monotonic()
+        succeeded = _attempted(what, step)
+        self.gate.step(started, self.monotonic(), succeeded=succeeded or not failure_counts)
+        return succeeded
+
+    def _reap(self) -> None:
+        """Return other workers' expired leases, unless this worker was held up lately."""
+        verdict = self.gate.verdict(self.monotonic())
+        if verdict is Verdict.DEFER:
+            if not self._deferral_told:
+                self._deferral_told = True
+                logger.info(
+                    "Worker %s was held up (paused, or its statements waited); it returns "
+                    "other workers' expired leases again %.0f s after that ended, once "
+                    "their heartbeats have had the time to renew them.",
+                    self.worker_id,
+                    self.visibility_timeout,
+                )
             return
-        _attempted("The heartbeat's touch of the worker row", self.touch)
-        _attempted("Reaping expired leases", lambda: reap_expired(self.backend, self.clock))
+        if verdict is Verdict.REAP_DESPITE_STALLS and self._deferral_told:
+            logger.warning(
+                "Worker %s: every heartbeat for %.0f s was held up; returning expired "
+                "leases anyway, so a dead worker's tasks are not kept forever.",
+                self.worker_id,
+                self.visibility_timeout * MAX_DEFERRAL,
+            )
+        self._deferral_told = False
+        started = self.monotonic()
+
+        def still_prompt() -> bool:
+            if self.monotonic() - started <= self.gate.slack:
+                return True
+            self.gate.held_up(self.monotonic())  # the read waited: so did the renewals
+            return verdict is Verdict.REAP_DESPITE_STALLS
+
+        # Timed like the other steps: a read of the expired leases that gave up (a lock
+        # timeout behind a table lock) held up the holders' renewals as well.
+        self._step(
+            "Reaping expired leases",
+            lambda: reap_expired(self.backend, self.clock, still_prompt=still_prompt),
+        )
 
     def renew(self) -> None:
         """Extend this worker's leases (reporting those lost) and read the clock."""
@@ -100,6 +159,11 @@ class Heartbeat(LoopService):
                 self.worker_id,
                 STALE_WORKER_FACTOR,
             )
+
+
+def heartbeat_interval(visibility_timeout: float) -> float:
+    """Seconds between heartbeat rounds: three renewals per lease."""
+    return max(0.05, visibility_timeout / 3)
 
 
 def _attempted(what: str, step: Callable[[], object]) -> bool:

@@ -33,15 +33,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_tasks_plus.worker")
 
 
-def reap_expired(backend: DatabaseBackend, clock: Callable[[], datetime], limit: int = 100) -> int:
+def reap_expired(
+    backend: DatabaseBackend,
+    clock: Callable[[], datetime],
+    limit: int = 100,
+    *,
+    still_prompt: Callable[[], bool] | None = None,
+) -> int:
     """Settle up to ``limit`` expired leases; return how many this call settled.
 
     A row that cannot be settled is logged and skipped, and a row whose outcome the
     database refuses is dead-lettered alone (``_write``): one hostile row must not stop
     the others from being returned. Other database errors are the caller's to retry.
+
+    ``still_prompt`` is asked once the expired leases are read: False (the read waited,
+    for a table lock, say, as the holders' renewals did) settles none of them this time
+    (see ``reapgate``).
     """
+    expired = expired_tasks(backend.settings.database, backend.alias, limit)
+    if expired and still_prompt is not None and not still_prompt():
+        return 0
     settled = 0
-    for claimed in expired_tasks(backend.settings.database, backend.alias, limit):
+    for claimed in expired:
         try:
             settled += _reap(backend, claimed, clock())
         except DatabaseError:

@@ -1,0 +1,84 @@
+"""When a worker may judge other workers' leases: not right after it was held up itself.
+
+A stall that holds this worker's heartbeat up (a lock on the task table, SQLite's write
+lock kept by a paused process, this process paused, a saturated database) holds up the
+other workers' lease renewals too. When it ends, most of the leases that ran out during
+it belong to live workers whose renewals are about to land; a reaper that judged them at
+once would return live tasks, to be run a second time. So a heartbeat that finds itself
+held up reaps again only one visibility timeout later: every live worker renews about
+three times in that while.
+
+A database where every round looks held up could otherwise never return a dead worker's
+tasks; past ``MAX_DEFERRAL`` visibility timeouts of deferring, reaping goes ahead anyway.
+
+Pure logic: the heartbeat reports its rounds and steps in monotonic seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+MAX_DEFERRAL = 3
+"""Visibility timeouts of continuous deferral after which reaping goes ahead anyway."""
+
+
+class Verdict(Enum):
+    REAP = "reap"
+    DEFER = "defer"
+    REAP_DESPITE_STALLS = "reap despite stalls"
+
+
+@dataclass
+class ReapGate:
+    """Tracks whether this worker was held up lately, from the times of its own rounds.
+
+    ``slack``: a step slower than this, or a gap between rounds longer than the interval
+    by this, counts as being held up (half the heartbeat interval by default).
+    """
+
+    visibility_timeout: float
+    interval: float
+    slack: float = field(default=-1.0)
+    _reap_from: float | None = field(default=None, init=False)
+    _deferring_since: float | None = field(default=None, init=False)
+    _last_round_end: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.slack < 0:
+            self.slack = self.interval / 2
+
+    def round_started(self, now: float) -> None:
+        """A round begins: a late one means this worker was held up (paused, or waiting
+        for its session) since the last round ended."""
+        last = self._last_round_end
+        if last is not None and now - last > self.interval + self.slack:
+            self.held_up(now)
+
+    def step(self, started: float, ended: float, *, succeeded: bool) -> None:
+        """One database step of the round: a failed or slow one means a stall."""
+        if not succeeded or ended - started > self.slack:
+            self.held_up(ended)
+
+    def held_up(self, now: float) -> None:
+        """This worker was held up until ``now``: give the others a lease's time."""
+        self._reap_from = now + self.visibility_timeout
+        if self._deferring_since is None:
+            self._deferring_since = now
+
+    def round_ended(self, now: float) -> None:
+        self._last_round_end = now
+
+    def verdict(self, now: float) -> Verdict:
+        """Whether this round may return other workers' expired leases."""
+        if self._reap_from is None or now >= self._reap_from:
+            self._reap_from = self._deferring_since = None
+            return Verdict.REAP
+        assert self._deferring_since is not None
+        if now - self._deferring_since >= MAX_DEFERRAL * self.visibility_timeout:
+            return Verdict.REAP_DESPITE_STALLS
+        return Verdict.DEFER
+
+    @property
+    def deferring(self) -> bool:
+        return self._reap_from is not None

@@ -1,0 +1,103 @@
+"""When a heartbeat may return other workers' expired leases (``worker/reapgate.py``).
+
+Pure logic over monotonic seconds: no database. A worker whose own round was late, or
+whose database step was slow or failed, was held up by something that held up the other
+workers' renewals too, so it leaves their leases alone for one visibility timeout.
+"""
+
+from __future__ import annotations
+
+from django_tasks_plus.worker.reapgate import MAX_DEFERRAL, ReapGate, Verdict
+
+VISIBILITY = 30.0
+INTERVAL = 10.0  # the heartbeat's: a third of the visibility timeout
+
+
+def _gate() -> ReapGate:
+    return ReapGate(VISIBILITY, INTERVAL)
+
+
+def _round(gate: ReapGate, at: float, step_seconds: float = 0.01, *, ok: bool = True) -> Verdict:
+    """One heartbeat round starting at ``at``: one step, then the verdict."""
+    gate.round_started(at)
+    gate.step(at, at + step_seconds, succeeded=ok)
+    verdict = gate.verdict(at + step_seconds)
+    gate.round_ended(at + step_seconds)
+    return verdict
+
+
+def test_regular_prompt_rounds_reap_every_time():
+    gate = _gate()
+    assert gate.slack == INTERVAL / 2
+    assert [_round(gate, INTERVAL * n) for n in range(6)] == [Verdict.REAP] * 6
+    assert not gate.deferring
+
+
+def test_a_late_round_defers_reaping_for_one_visibility_timeout():
+    """A paused process (or a heartbeat that waited for its session): the round after
+    the gap does not reap, nor does any until a lease's time has passed since."""
+    gate = _gate()
+    assert _round(gate, 0.0) is Verdict.REAP
+    woke = 0.01 + INTERVAL + gate.slack + 1.0  # later than the interval allows
+    assert _round(gate, woke) is Verdict.DEFER
+    assert gate.deferring
+    assert _round(gate, woke + INTERVAL) is Verdict.DEFER
+    assert _round(gate, woke + 2 * INTERVAL) is Verdict.DEFER
+    assert _round(gate, woke + VISIBILITY + 0.1) is Verdict.REAP
+    assert not gate.deferring
+
+
+def test_a_round_just_within_the_slack_is_not_late():
+    gate = _gate()
+    _round(gate, 0.0)
+    assert _round(gate, 0.01 + INTERVAL + gate.slack - 0.01) is Verdict.REAP
+
+
+def test_a_slow_step_defers_from_when_it_ended():
+    gate = _gate()
+    stalled_for = gate.slack + 0.5
+    assert _round(gate, 0.0, stalled_for) is Verdict.DEFER
+    # One lease's time after the slow step ended, not after it began.
+    assert gate.verdict(stalled_for + VISIBILITY - 0.1) is Verdict.DEFER
+    assert gate.verdict(stalled_for + VISIBILITY) is Verdict.REAP
+
+
+def test_a_failed_step_defers_however_fast():
+    gate = _gate()
+    assert _round(gate, 0.0, 0.001, ok=False) is Verdict.DEFER
+
+
+def test_each_new_stall_restarts_the_wait():
+    gate = _gate()
+    _round(gate, 0.0, gate.slack + 1)  # held up until 6.0
+    gate.held_up(20.0)  # and again
+    assert gate.verdict(6.0 + VISIBILITY + 1) is Verdict.DEFER
+    assert gate.verdict(20.0 + VISIBILITY) is Verdict.REAP
+
+
+def test_stalls_without_end_defer_at_most_so_long():
+    """Every round held up: after ``MAX_DEFERRAL`` visibility timeouts the reaper goes
+    ahead anyway, and keeps going while the stalls last; one calm lease's time later it
+    is back to the ordinary verdict."""
+    gate = _gate()
+    at, verdicts = 0.0, []
+    while at < (MAX_DEFERRAL + 1) * VISIBILITY:
+        verdicts.append((at, _round(gate, at, gate.slack + 1)))
+        at += INTERVAL
+    deferred = [at for at, verdict in verdicts if verdict is Verdict.DEFER]
+    forced = [at for at, verdict in verdicts if verdict is Verdict.REAP_DESPITE_STALLS]
+    assert deferred and forced
+    assert max(deferred) < min(forced)
+    first_stall_end = gate.slack + 1
+    assert min(forced) >= first_stall_end + MAX_DEFERRAL * VISIBILITY - INTERVAL
+    assert min(forced) - first_stall_end <= MAX_DEFERRAL * VISIBILITY + INTERVAL
+    calm = [_round(gate, at + INTERVAL * n) for n in range(5)]  # prompt rounds again
+    assert calm[0] is Verdict.REAP_DESPITE_STALLS  # within a lease of the last stall
+    assert calm[-1] is Verdict.REAP
+    assert not gate.deferring
+
+
+def test_the_slack_can_be_given():
+    gate = ReapGate(VISIBILITY, INTERVAL, slack=1.0)
+    assert _round(gate, 0.0, 0.9) is Verdict.REAP
+    assert _round(gate, 1.0, 1.1) is Verdict.DEFER
