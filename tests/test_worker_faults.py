@@ -184,6 +184,31 @@ def test_after_a_stall_another_workers_reaper_leaves_a_live_lease_alone(
     assert "was held up" in worker_log(tmp_path, 1), log
 
 
+def test_an_outcome_that_met_a_stall_longer_than_the_lease_is_written_after_it(
+    start_worker, markers, tmp_path
+):
+    """A task ends early in a stall twice the lease long: its outcome cannot be written
+    for longer than the writer's deadline (the visibility timeout), but the renewals
+    fail too, so the database is the trouble, not the batch. The writer keeps the
+    outcome until the stall ends, the renewal keeps the lease, and the outcome lands:
+    the task ran once (before: the outcome was dropped at the deadline, and the lease
+    then expired and the task ran again)."""
+    short = tasks.counts_runs.enqueue("short", 1.0)  # ends a second into the stall
+    start_worker("--worker-id", "writer", "--queue", "slow", "--visibility-timeout", "3")
+    wait_for(lambda: _runs(markers, "short") == 1)
+    _stall_the_task_table(6.0)
+    wait_for(lambda: _row(short).status != TaskResultStatus.RUNNING, timeout=60)
+    time.sleep(4.0)  # a lease's time more: a dropped outcome would have its task re-run
+    log = worker_log(tmp_path)
+    row = _row(short)
+    assert row.status == TaskResultStatus.SUCCESSFUL, log
+    assert _runs(markers, "short") == 1, log
+    assert row.errors == [], log
+    assert "Could not write" not in log, log
+    if connection.vendor == "postgresql":  # SQLite's writes wait the stall out instead
+        assert "Keeping 1 outcome(s) past 3 s" in log, log
+
+
 # -- one row another session holds locked -----------------------------------------------
 
 

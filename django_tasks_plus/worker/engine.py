@@ -705,6 +705,7 @@ class Worker:
     def _shutdown(self) -> int:
         """Release unstarted claims, let running tasks finish; return how many were abandoned."""
         self.stopping.set()
+        self.reporter.stop_soon()  # shutdown's bound: no outcome kept through a stall
         with self._doers_lock:  # no task thread starts another from here on
             unstarted = [task for group in self.groups for task in group.doer.drain()]
         for task in unstarted:

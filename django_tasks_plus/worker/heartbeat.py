@@ -73,7 +73,6 @@ class Heartbeat(LoopService):
         self.interval = heartbeat_interval(visibility_timeout)
         self.gate = ReapGate(visibility_timeout, self.interval)
         self._deferral_told = False
-        self.monotonic = time.monotonic
 
     def tick(self) -> None:
         self.beat()
@@ -82,7 +81,7 @@ class Heartbeat(LoopService):
         """One round of upkeep. Each part's failure is logged and retried next round; a
         touch that fails (a session keeps the worker's row locked, say) does not keep
         the round from reaping, and the renewal it follows has already run."""
-        self.gate.round_started(self.monotonic())
+        self.gate.round_started(time.monotonic())
         try:
             if not self._step("Heartbeat", self.renew):
                 return
@@ -91,19 +90,19 @@ class Heartbeat(LoopService):
             self._step("The heartbeat's touch of the worker row", self.touch, failure_counts=False)
             self._reap()
         finally:
-            self.gate.round_ended(self.monotonic())
+            self.gate.round_ended(time.monotonic())
 
     def _step(self, what: str, step: Callable[[], object], *, failure_counts: bool = True) -> bool:
         """``_attempted``, timed for the gate: a slow step is a stall, and so is a failed
         one (a lost connection, a statement given up) unless ``failure_counts`` is off."""
-        started = self.monotonic()
+        started = time.monotonic()
         succeeded = _attempted(what, step)
-        self.gate.step(started, self.monotonic(), succeeded=succeeded or not failure_counts)
+        self.gate.step(started, time.monotonic(), succeeded=succeeded or not failure_counts)
         return succeeded
 
     def _reap(self) -> None:
         """Return other workers' expired leases, unless this worker was held up lately."""
-        verdict = self.gate.verdict(self.monotonic())
+        verdict = self.gate.verdict(time.monotonic())
         if verdict is Verdict.DEFER:
             if not self._deferral_told:
                 self._deferral_told = True
@@ -123,12 +122,12 @@ class Heartbeat(LoopService):
                 self.visibility_timeout * MAX_DEFERRAL,
             )
         self._deferral_told = False
-        started = self.monotonic()
+        started = time.monotonic()
 
         def still_prompt() -> bool:
-            if self.monotonic() - started <= self.gate.slack:
+            if time.monotonic() - started <= self.gate.slack:
                 return True
-            self.gate.held_up(self.monotonic())  # the read waited: so did the renewals
+            self.gate.held_up(time.monotonic())  # the read waited: so did the renewals
             return verdict is Verdict.REAP_DESPITE_STALLS
 
         # Timed like the other steps: a read of the expired leases that gave up (a lock

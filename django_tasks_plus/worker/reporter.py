@@ -17,6 +17,12 @@ lands, its lease is found gone, or ``persist_deadline`` passes (then its lease e
 and the task is retried). So one locked row never holds up the outcomes behind it, nor
 the claims that share the session.
 
+A batch the database cannot take at all (it is gone, or a table lock stalls it) is
+tried again, with pauses, for ``persist_deadline``; past it, for as long as the batch's
+leases cannot be renewed either, so an outage or a stall longer than a lease does not
+drop the outcomes of tasks that ran (``_stalled_for_all``). Once the worker is stopping,
+the deadline holds.
+
 Each write is one turn on ``session``, the session the worker's claim loop takes turns
 on too (``sessions.py``): the two latency-critical writers share one session, and no
 periodic duty ever stands between them and it. Callbacks and retry pauses run between
@@ -39,7 +45,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .. import events
 from ..db import worker_connection
 from ..db.completions import apply_transitions
-from ..db.store import leases_still_held
+from ..db.store import leases_still_held, renew_leases
 from ..db.unpooled import outside_the_pool
 from ..lifecycle import ClaimedTask, Transition, unstorable_outcome
 from .sessions import SharedSession
@@ -119,6 +125,8 @@ class Reporter(threading.Thread):
         self.persist_deadline = persist_deadline
         self.clock = clock
         self.after_batch: Callable[[], None] | None = None
+        self._stopping = threading.Event()
+        self._told_kept = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._parked: list[_Submitted] = []  # outcomes whose row was locked: written again
 
@@ -126,7 +134,13 @@ class Reporter(threading.Thread):
         """Queue one outcome; ``written`` is called once it is written (or refused)."""
         self._inbox.put(_Submitted(claimed, outcome, written))
 
+    def stop_soon(self) -> None:
+        """The worker is shutting down: outcomes are no longer kept past
+        ``persist_deadline`` through a stall, so shutdown keeps its bound."""
+        self._stopping.set()
+
     def stop(self) -> None:
+        self._stopping.set()
         self._inbox.put(_STOP)
 
     def run(self) -> None:
@@ -232,6 +246,7 @@ class Reporter(threading.Thread):
     def _flush(self, batch: list[_Submitted]) -> None:
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
+        last_chance = False  # the database answered past the deadline: one more write
         while True:
             try:
                 landed = self._write(
@@ -241,15 +256,23 @@ class Reporter(threading.Thread):
                 )
             except _TRANSIENT as exc:
                 if time.monotonic() + delay > deadline:
-                    logger.error(
-                        "Could not write %d outcome(s) (%s); their leases will expire and "
-                        "the tasks will be retried.",
-                        len(batch),
-                        exc,
-                    )
-                    for item in batch:
-                        item.settle(False)
-                    return
+                    if self._stalled_for_all(batch):
+                        # The deadline counts again from when the database answers.
+                        deadline = time.monotonic() + self.persist_deadline
+                    elif not last_chance:  # the stall may have ended just now
+                        last_chance = True
+                        continue
+                    else:
+                        logger.error(
+                            "Could not write %d outcome(s) (%s); their leases will expire "
+                            "and the tasks will be retried.",
+                            len(batch),
+                            exc,
+                        )
+                        self._told_kept = False
+                        for item in batch:
+                            item.settle(False)
+                        return
                 logger.warning("Database unavailable writing outcomes (%s); retrying", exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -264,8 +287,38 @@ class Reporter(threading.Thread):
                 )
                 self._flush_one_by_one(batch)
                 return
+            self._told_kept = False
             self._settle_written(batch, landed)
             return
+
+    def _stalled_for_all(self, batch: list[_Submitted]) -> bool:
+        """Past the deadline, whether the database is stalled for every write, not only
+        for this batch's: asked by renewing the batch's leases, a write to the same rows.
+        If that fails too (a table lock, a database gone), the outcomes are kept: no
+        reaper can take their leases meanwhile (and each waits a lease's time after a
+        stall, ``reapgate``), so they land once the database answers, and the renewal
+        that got through keeps them. Never while the worker is stopping."""
+        if self._stopping.is_set():
+            return False
+        leases = [(item.claimed.id, item.claimed.lease_token) for item in batch]
+        try:
+            with self.session.turn():
+                worker_connection(self.database, self.persist_deadline)
+                renew_leases(self.database, leases, self.persist_deadline)
+        except _TRANSIENT:
+            if not self._told_kept:
+                self._told_kept = True
+                logger.warning(
+                    "Keeping %d outcome(s) past %.0f s: their leases cannot be renewed "
+                    "either, so the database is stalled or gone; they are written when "
+                    "it answers.",
+                    len(batch),
+                    self.persist_deadline,
+                )
+            return True
+        except Exception:
+            logger.exception("Could not renew the leases of %d outcome(s)", len(batch))
+        return False
 
     def _flush_one_by_one(self, batch: list[_Submitted]) -> None:
         for item in batch:
