@@ -187,16 +187,16 @@ def test_after_a_stall_another_workers_reaper_leaves_a_live_lease_alone(
 def test_an_outcome_that_met_a_stall_longer_than_the_lease_is_written_after_it(
     start_worker, markers, tmp_path
 ):
-    """A task ends early in a stall twice the lease long: its outcome cannot be written
-    for longer than the writer's deadline (the visibility timeout), but the renewals
-    fail too, so the database is the trouble, not the batch. The writer keeps the
-    outcome until the stall ends, the renewal keeps the lease, and the outcome lands:
-    the task ran once (before: the outcome was dropped at the deadline, and the lease
-    then expired and the task ran again)."""
+    """A task ends early in a stall three leases long: its outcome cannot be written for
+    longer than the writer's deadline (the visibility timeout), and the renewal of its
+    lease fails too, so the database is the trouble, not the batch. The writer keeps the
+    outcome until the stall ends, and the outcome lands: the task ran once (before: the
+    outcome was dropped at the deadline, and the lease then expired and the task ran
+    again)."""
     short = tasks.counts_runs.enqueue("short", 1.0)  # ends a second into the stall
     start_worker("--worker-id", "writer", "--queue", "slow", "--visibility-timeout", "3")
     wait_for(lambda: _runs(markers, "short") == 1)
-    _stall_the_task_table(6.0)
+    _stall_the_task_table(9.0)  # the write's deadline and the question after it both fail
     wait_for(lambda: _row(short).status != TaskResultStatus.RUNNING, timeout=60)
     time.sleep(4.0)  # a lease's time more: a dropped outcome would have its task re-run
     log = worker_log(tmp_path)
@@ -416,6 +416,93 @@ def test_error_text_the_database_cannot_store_is_kept_escaped(run_worker):
         good_row = _row(result)
         assert (good_row.status, good_row.return_value) == ("SUCCESSFUL", 2 * n)
         assert good_row.attempt == 1
+
+
+def test_a_batch_that_fails_alone_is_given_up_after_one_more_deadline(monkeypatch, caplog):
+    """Past its deadline the writer asks whether the database takes any write, by
+    renewing the batch's leases (for real). It does here: only the batch's own write
+    fails (a poison batch), so it is given up after one more deadline, not kept for
+    ever, and the lease, renewed, still reads as held by the claim."""
+    from django.db import OperationalError
+
+    backend = task_backends["default"]
+    tasks.add.enqueue(1, 1)
+    claimed = claim_one(visibility_timeout=30)
+    attempts: list[float] = []
+
+    def batch_write_fails(self, completions, *, expect_locks=False):  # type: ignore[no-untyped-def]
+        attempts.append(time.monotonic())
+        raise OperationalError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(Reporter, "_write", batch_write_fails)
+    reporter = Reporter("default", persist_deadline=0.6, clock=timezone.now)
+    told: list[bool] = []
+    done = threading.Event()
+    reporter.start()
+    began = time.monotonic()
+    try:
+        outcome = transition(
+            claimed, Succeeded(2), policy=backend.settings.retry, now=timezone.now()
+        )
+        reporter.submit(claimed, outcome, lambda ok: (told.append(ok), done.set()))
+        assert done.wait(30)
+    finally:
+        reporter.stop()
+        reporter.join(10)
+        connection.close()
+    took = time.monotonic() - began
+    assert told == [False]
+    # Tried past the first deadline (one more deadline from the question), then given up.
+    assert 0.6 <= took < 10, took
+    assert len(attempts) >= 3 and attempts[-1] - attempts[0] >= 0.6, attempts
+    row = _row(claimed)
+    assert row.status == TaskResultStatus.RUNNING and row.lease_token == claimed.lease_token
+    assert row.lease_expires_at > timezone.now()  # renewed by the question, for 30 s
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(m.startswith("Could not write 1 outcome(s)") for m in messages), messages
+    assert not any(m.startswith("Keeping") for m in messages), messages
+
+
+def test_a_stalled_database_keeps_the_outcomes_until_the_worker_stops(monkeypatch, caplog):
+    """Neither the batch nor the renewal of its leases gets through (the database is
+    gone): the outcome is kept past every deadline while the worker runs, and given up
+    within a deadline once the worker begins to stop, so shutdown keeps its bound."""
+    from django.db import OperationalError
+
+    from django_tasks_plus.worker import reporter as reporter_module
+
+    backend = task_backends["default"]
+    tasks.add.enqueue(1, 1)
+    claimed = claim_one(visibility_timeout=30)
+
+    def gone(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(Reporter, "_write", gone)
+    monkeypatch.setattr(reporter_module, "renew_leases", gone)
+    reporter = Reporter("default", persist_deadline=0.3, clock=timezone.now)
+    told: list[bool] = []
+    done = threading.Event()
+    reporter.start()
+    try:
+        outcome = transition(
+            claimed, Succeeded(2), policy=backend.settings.retry, now=timezone.now()
+        )
+        reporter.submit(claimed, outcome, lambda ok: (told.append(ok), done.set()))
+        assert not done.wait(3.0)  # ten deadlines: still kept
+        assert told == []
+        stopping = time.monotonic()
+        reporter.stop_soon()
+        assert done.wait(15)
+        assert time.monotonic() - stopping < 0.3 + 5.0 + 1.0  # a deadline and a pause
+    finally:
+        reporter.stop()
+        reporter.join(10)
+        connection.close()
+    assert told == [False]
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum(m.startswith("Keeping 1 outcome(s)") for m in messages) == 1, messages
+    assert any(m.startswith("Could not write 1 outcome(s)") for m in messages), messages
 
 
 @postgres_only

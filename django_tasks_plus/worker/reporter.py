@@ -246,7 +246,7 @@ class Reporter(threading.Thread):
     def _flush(self, batch: list[_Submitted]) -> None:
         deadline = time.monotonic() + self.persist_deadline
         delay = 0.2
-        last_chance = False  # the database answered past the deadline: one more write
+        extended = False  # the database answered past the deadline: one more deadline
         while True:
             try:
                 landed = self._write(
@@ -259,9 +259,10 @@ class Reporter(threading.Thread):
                     if self._stalled_for_all(batch):
                         # The deadline counts again from when the database answers.
                         deadline = time.monotonic() + self.persist_deadline
-                    elif not last_chance:  # the stall may have ended just now
-                        last_chance = True
-                        continue
+                    elif not extended and not self._stopping.is_set():
+                        # It answers: the stall may have ended just now.
+                        extended = True
+                        deadline = time.monotonic() + self.persist_deadline
                     else:
                         logger.error(
                             "Could not write %d outcome(s) (%s); their leases will expire "
@@ -294,10 +295,11 @@ class Reporter(threading.Thread):
     def _stalled_for_all(self, batch: list[_Submitted]) -> bool:
         """Past the deadline, whether the database is stalled for every write, not only
         for this batch's: asked by renewing the batch's leases, a write to the same rows.
-        If that fails too (a table lock, a database gone), the outcomes are kept: no
-        reaper can take their leases meanwhile (and each waits a lease's time after a
-        stall, ``reapgate``), so they land once the database answers, and the renewal
-        that got through keeps them. Never while the worker is stopping."""
+        If that fails too (a table lock, a database gone), the outcomes are kept: a
+        reaper held up by the same stall waits a lease's time after it (``reapgate``),
+        so they land once the database answers, and a reaper that did take a lease is
+        fenced out by its token (the outcome then does not land, as before). Never
+        while the worker is stopping."""
         if self._stopping.is_set():
             return False
         leases = [(item.claimed.id, item.claimed.lease_token) for item in batch]
