@@ -114,14 +114,7 @@ def test_a_stall_longer_than_the_lease_costs_at_most_one_rerun(start_worker, mar
         "--concurrency", "2",
     )  # fmt: skip
     wait_for(lambda: _runs(markers, "long") == 1)
-    locker = _other_connection()
-    try:
-        locker.execute("BEGIN")
-        locker.execute(f"LOCK TABLE {TaskRecord._meta.db_table} IN ACCESS EXCLUSIVE MODE")
-        time.sleep(6.0)
-        locker.execute("COMMIT")
-    finally:
-        locker.close()
+    _stall_the_task_table(6.0)
     # After the stall: more tasks, each of which must run exactly once.
     after = [tasks.counts_runs.enqueue(f"after-{n}", 0.2) for n in range(4)]
 

@@ -60,6 +60,7 @@ from .leadership import LeaderElection
 from .outcome import outcome_for
 from .plugins import ServiceContext, plugged_services
 from .reaper import reap_expired
+from .reapgate import default_slack
 from .reporter import Reporter
 from .services import Service, Services, ServiceStartError
 from .sessions import SharedSession
@@ -405,7 +406,7 @@ class Worker:
         took longer than the heartbeat's slack: a stall that held up the start held up
         the holders' renewals too, and the heartbeat reaps once they have had the time
         (``reapgate``)."""
-        slack = heartbeat_interval(self.config.visibility_timeout) / 2
+        slack = default_slack(heartbeat_interval(self.config.visibility_timeout))
         try:
             with self.claim_session.turn():
                 reap_expired(

@@ -23,6 +23,12 @@ MAX_DEFERRAL = 3
 """Visibility timeouts of continuous deferral after which reaping goes ahead anyway."""
 
 
+def default_slack(interval: float) -> float:
+    """How much slower than usual a heartbeat step or round may be before it counts as
+    held up: half the heartbeat interval."""
+    return interval / 2
+
+
 class Verdict(Enum):
     REAP = "reap"
     DEFER = "defer"
@@ -46,7 +52,7 @@ class ReapGate:
 
     def __post_init__(self) -> None:
         if self.slack < 0:
-            self.slack = self.interval / 2
+            self.slack = default_slack(self.interval)
 
     def round_started(self, now: float) -> None:
         """A round begins: a late one means this worker was held up (paused, or waiting

@@ -35,7 +35,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -236,11 +237,17 @@ class Reporter(threading.Thread):
             except BaseException:
                 logger.exception("Handing on the follow-ups of a batch of outcomes failed")
 
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """A turn on the session, its statements bounded as a worker's."""
+        with self.session.turn():
+            worker_connection(self.database, self.persist_deadline)
+            yield
+
     def _write(
         self, completions: list[tuple[ClaimedTask, Transition]], *, expect_locks: bool = False
     ) -> list[bool]:
-        with self.session.turn():
-            worker_connection(self.database, self.persist_deadline)
+        with self._turn():
             return apply_transitions(self.database, completions, expect_locks=expect_locks)
 
     def _flush(self, batch: list[_Submitted]) -> None:
@@ -304,8 +311,7 @@ class Reporter(threading.Thread):
             return False
         leases = [(item.claimed.id, item.claimed.lease_token) for item in batch]
         try:
-            with self.session.turn():
-                worker_connection(self.database, self.persist_deadline)
+            with self._turn():
                 renew_leases(self.database, leases, self.persist_deadline)
         except _TRANSIENT:
             if not self._told_kept:
@@ -374,8 +380,7 @@ class Reporter(threading.Thread):
         writing again is fenced, and ``give_up_at`` bounds it."""
         leases = [(item.claimed.id, item.claimed.lease_token) for item in missed]
         try:
-            with self.session.turn():
-                worker_connection(self.database, self.persist_deadline)
+            with self._turn():
                 return leases_still_held(self.database, leases)
         except Exception as exc:
             logger.warning(
