@@ -2,8 +2,9 @@
 "Connections per worker").
 
 Starts ``--processes`` separate ``runtasks`` processes (``--concurrency`` threads each,
-NOTIFY on, no connection pool) against one fresh database and counts its sessions in
-``pg_stat_activity`` (this script's own excluded):
+NOTIFY on; no connection pool, or with ``--pool-size N`` Django's, ``max_size`` N per
+process) against one fresh database and counts its sessions in ``pg_stat_activity``
+(this script's own excluded):
 
     idle      every worker registered, a leader elected, every service run once
     busy      the peak while the fleet drains tasks (``--task``: ``stamp`` does not
@@ -33,8 +34,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from benchenv import PG_SERVER, REPO  # noqa: E402
-from claim_backlog import env_for, recreate  # noqa: E402
+from benchenv import PG_SERVER, REPO, recreate_database  # noqa: E402
+from claim_backlog import env_for  # noqa: E402
 
 TASKS = "django_tasks_plus_taskrecord"
 OTHERS = (
@@ -89,7 +90,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
     repo = Path(args.repo).resolve()
     env = {**env_for(repo, args.database), "TASKS_METRICS": "true"}
-    recreate(args.database)
+    if args.pool_size:
+        env.update(DTP_DB_POOL="true", DTP_DB_POOL_MAX_SIZE=str(args.pool_size))
+    recreate_database(args.database)
     manage = [sys.executable, str(repo / "testproject" / "manage.py")]
     subprocess.run([*manage, "migrate", "-v", "0"], env=env, check=True)
     command = [*manage, "runtasks", "-v", "0", "--queue", "default"]
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "processes": args.processes,
         "concurrency": args.concurrency,
         "task": args.task,
+        "pool_size": args.pool_size,
     }
     try:
         with psycopg.connect(f"{PG_SERVER}/{args.database}", autocommit=True) as conn:
@@ -145,6 +149,12 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--task", choices=["stamp", "queries"], default="stamp")
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=0,
+        help="put each process's task threads behind Django's pool of this max_size (0: none)",
+    )
     parser.add_argument(
         "--max-sessions", type=int, default=80, help="stop the fleet early past this many"
     )

@@ -49,3 +49,44 @@ def test_run_for_json_names_a_failed_step_with_its_stderr():
         run_for_json([sys.executable, "-c", failing], what="probe")
     with pytest.raises(RuntimeError, match="probe printed no JSON result"):
         run_for_json([sys.executable, "-c", "print('done')"], what="probe")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What a module defines or imports at its top level (functions, classes, names
+    assigned, names imported)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def test_every_name_a_bench_script_imports_from_another_still_exists():
+    """The scripts import each other's helpers by name (``from claim_backlog import
+    env_for``); a helper renamed or moved in one left another unable to start (found in
+    ``fleet_sessions.py``). Read statically: the scripts' own dependencies (psutil, the
+    peers' libraries) need not be installed here."""
+    import ast
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    scripts = {path.stem: path for path in bench.glob("*.py")}
+    missing = []
+    for path in scripts.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in scripts and not node.level:
+                defined = _top_level_names(scripts[node.module])
+                missing += [
+                    f"{path.name}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name not in defined
+                ]
+    assert len(scripts) > 20
+    assert missing == []

@@ -13,6 +13,8 @@ Configuration comes from environment variables only (no ``.env`` file is read):
                      default ``true``: the package's defaults)
 ``DTP_DB_POOL``      ``true`` puts a PostgreSQL database behind Django's connection pool
                      (``OPTIONS["pool"]``; the ``pgpool`` test environment)
+``DTP_DB_POOL_MAX_SIZE`` that pool's ``max_size`` per process (default 40;
+                     ``bench/fleet_sessions.py --pool-size``)
 ``DTP_PREPARE_THRESHOLD`` sets a PostgreSQL database's ``OPTIONS["prepare_threshold"]``
                      (psycopg prepares statements run that often; default unset)
 ``EXTRA_TASK_MODULES`` comma-separated task modules outside installed apps to import at
@@ -85,7 +87,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.boo
     # process; min_size 1 so that a returned session is the next one handed out.
     DATABASES["default"]["OPTIONS"] = {
         **DATABASES["default"].get("OPTIONS", {}),
-        "pool": {"min_size": 1, "max_size": 40, "timeout": 20},
+        "pool": {
+            "min_size": 1,
+            "max_size": env.int("DTP_DB_POOL_MAX_SIZE", default=40),
+            "timeout": 20,
+        },
     }
 
 if (
