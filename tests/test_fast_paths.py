@@ -2,8 +2,9 @@
 
 Each per-task step the worker takes thousands of times a second was made cheaper in a
 way that could drift from its plain form: the claim's order (two sorts by C key
-getters), the outcome batch's JSON (msgspec, falling back to the standard encoder) and
-the check for a coroutine function (cached per function). These pin them to the plain
+getters), the values a claim's rows repeat kept once, the outcome batch's JSON (msgspec,
+falling back to the standard encoder) and the check for a coroutine function (cached
+per function). These pin them to the plain
 forms, including the inputs where a fast form refuses and the plain one must take over.
 """
 
@@ -73,6 +74,46 @@ def test_an_id_printed_by_the_database_is_kept_and_any_other_is_made_canonical()
     row["id"] = str(task_id)
     kept = claimed_from_row([row[name] for name in CLAIM_COLUMNS], id_is_canonical=True)
     assert kept.id == str(task_id)
+
+
+def test_the_values_a_claims_rows_repeat_are_kept_once_and_equal_the_rows_own() -> None:
+    """With a claim's ``shared``, the rows' task path, queue, lease token, backend,
+    claim time and a first attempt's start time are one object each (a worker holds up
+    to a thousand claimed tasks); every field still equals what the row held."""
+    claimed_at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def row(index: int) -> list[Any]:
+        values: dict[str, Any] = dict.fromkeys(CLAIM_COLUMNS)
+        values.update(
+            id=str(uuid.uuid4()),
+            task_path="".join(["tests.tasks.", "add"]),  # a new string object per row
+            queue_name="".join(["def", "ault"]),
+            priority=0,
+            args=f"[{index}]",
+            kwargs="{}",
+            attempt=1,
+            worker_ids="[]",
+            errors="[]",
+            enqueued_at=START,
+            run_after=START,
+            # a first attempt's start is the claim's time; a retry's is its own
+            started_at=claimed_at.replace() if index else START - timedelta(days=1),
+            lease_token="".join(["lea", "se"]),
+            backend_name="".join(["defa", "ult"]),
+            metadata="{}",
+        )
+        return [values[name] for name in CLAIM_COLUMNS]
+
+    rows = [row(index) for index in range(3)]
+    shared = {}.setdefault
+    kept = [claimed_from_row(r, claimed_at.replace(), shared=shared) for r in rows]
+    plain = [claimed_from_row(r, claimed_at.replace()) for r in rows]
+    assert kept == plain
+    for name in ("task_path", "queue_name", "lease_token", "backend_name", "claimed_at"):
+        assert len({id(getattr(task, name)) for task in kept}) == 1, name
+        assert len({id(getattr(task, name)) for task in plain}) == 3, name
+    assert kept[1].started_at is kept[2].started_at is kept[0].claimed_at
+    assert kept[0].started_at == START - timedelta(days=1)
 
 
 def _completion(task_id: str, values: dict[str, Any]) -> tuple[ClaimedTask, Transition]:

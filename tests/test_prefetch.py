@@ -94,3 +94,22 @@ def test_the_banner_says_which_prefetch_runs(run_worker):
     assert f"prefetch:    adaptive, 4 to {MAX_ADAPTIVE_PREFETCH}" in adaptive.stdout
     fixed = run_worker("--burst", "--prefetch", "0")
     assert "prefetch:    0\n" in fixed.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tasks_of_one_claim_share_the_values_their_rows_repeat():
+    """Held by the thousand, claimed tasks keep one copy of what their rows repeat
+    (PostgreSQL's claim; the values themselves are as stored)."""
+    from django.db import connection
+
+    for number in range(3):
+        tasks.add.enqueue(number, number)
+    claimed = claim_tasks()
+    assert len(claimed) == 3
+    assert {task.task_path for task in claimed} == {tasks.add.module_path}
+    assert all(task.started_at == task.claimed_at for task in claimed)  # first attempts
+    if connection.vendor != "postgresql":
+        return
+    for name in ("task_path", "queue_name", "lease_token", "backend_name", "claimed_at"):
+        assert len({id(getattr(task, name)) for task in claimed}) == 1, name
+    assert all(task.started_at is task.claimed_at for task in claimed)

@@ -257,7 +257,11 @@ def _canonical_id(raw_id: Any) -> str:
 
 
 def claimed_from_row(
-    row: Sequence[Any], claimed_at: datetime | None = None, *, id_is_canonical: bool = False
+    row: Sequence[Any],
+    claimed_at: datetime | None = None,
+    *,
+    id_is_canonical: bool = False,
+    shared: Callable[[Any, Any], Any] | None = None,
 ) -> ClaimedTask:
     """Build a ``ClaimedTask`` from a RETURNING row in ``CLAIM_COLUMNS`` order.
 
@@ -266,6 +270,10 @@ def claimed_from_row(
     raises here (see ``stored``): one bad row must not fail the claim of the others.
     ``id_is_canonical``: the database printed the id from a uuid column (PostgreSQL's
     ``id::text``), already in ``str(UUID)`` form, so it is not checked again per row.
+    ``shared``: one claim's ``dict.setdefault``, through which the values most rows of a
+    claim repeat (task path, queue, lease token, backend, claim and start time) are kept
+    once: the driver builds each row's own copies, and a worker holds up to a thousand
+    claimed tasks at a time.
     """
     (
         raw_id,
@@ -288,6 +296,13 @@ def claimed_from_row(
         breaker_key,
         metadata,
     ) = row  # CLAIM_COLUMNS, by position: a claim builds thousands of these a second
+    if shared is not None:
+        task_path = shared(task_path, task_path)
+        queue_name = shared(queue_name, queue_name)
+        lease_token = shared(lease_token, lease_token)
+        backend_name = shared(backend_name, backend_name)
+        claimed_at = shared(claimed_at, claimed_at)
+        started_at = shared(started_at, started_at)  # a first attempt's is claimed_at
     # ``_make`` of the values in field order: a third of the time of keyword arguments
     # (2.7 against 0.4 µs for these 21 fields), which named tuples parse in Python.
     return ClaimedTask._make(

@@ -410,8 +410,13 @@ class PostgreSQLDialect(Dialect):
         )
         rows = fetch_all(connection, claim_statement(conditions, synchronous), params)
         # The last column is the claim's time by the database clock (last_attempted_at).
+        repeated: dict[Any, Any] = {}
+        shared = repeated.setdefault
         return sort_claimed(
-            [claimed_from_row(row[:-1], row[-1], id_is_canonical=True) for row in rows]
+            [
+                claimed_from_row(row[:-1], row[-1], id_is_canonical=True, shared=shared)
+                for row in rows
+            ]
         )
 
     def outcomes_in_one_statement(self, completions: Sequence[Completion]) -> bool:
