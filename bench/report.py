@@ -326,14 +326,25 @@ def backlog_rows(deep: Series, reference: Series | None, drain: Series | None) -
             rate(tasks / enqueue if enqueue else None),
         ),
         Row("W6", "drain, process start included", rate(deep.value("rate_with_start"))),
-        Row(
-            "W6",
-            "autovacuum runs during the drain (vacuum, analyze)",
-            f"{deep.value('autovacuum_count_during') or 0:.0f},"
-            f" {deep.value('autoanalyze_count_during') or 0:.0f}",
-        ),
     ]
+    for label, series in (("", deep), ("  the reference: ", reference)):
+        if series is None:
+            continue
+        rows.append(
+            Row(
+                "W6",
+                f"{label}autovacuum runs (vacuum, analyze) before the drain · during it",
+                f"{_runs(series, 'before_drain')} · {_runs(series, 'during')}",
+            )
+        )
     return rows
+
+
+def _runs(series: Series, when: str) -> str:
+    """Autovacuum's vacuum and analyze runs of the task table in one phase of a drain."""
+    vacuums = series.value(f"autovacuum_count_{when}") or 0
+    analyzes = series.value(f"autoanalyze_count_{when}") or 0
+    return f"{vacuums:.0f}, {analyzes:.0f}"
 
 
 def _tasks(series: Series) -> float:
