@@ -28,25 +28,31 @@ from django_tasks_plus.worker.execution import _is_async
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _claimed(task_id: str, priority: int, due_minute: int) -> ClaimedTask:
+def _claim_row(**values: Any) -> list[Any]:
+    """A claim's RETURNING row (``CLAIM_COLUMNS``) of a first attempt, ``values`` over it."""
     row: dict[str, Any] = dict.fromkeys(CLAIM_COLUMNS)
     row.update(
-        id=task_id,
         task_path="tests.tasks.add",
         queue_name="default",
-        priority=priority,
+        priority=0,
         args="[]",
         kwargs="{}",
         attempt=1,
         worker_ids="[]",
         errors="[]",
         enqueued_at=START,
-        run_after=START + timedelta(minutes=due_minute),
+        run_after=START,
         lease_token="lease",
         backend_name="default",
         metadata="{}",
     )
-    return claimed_from_row([row[name] for name in CLAIM_COLUMNS], START)
+    row.update(values)
+    return [row[name] for name in CLAIM_COLUMNS]
+
+
+def _claimed(task_id: str, priority: int, due_minute: int) -> ClaimedTask:
+    row = _claim_row(id=task_id, priority=priority, run_after=START + timedelta(minutes=due_minute))
+    return claimed_from_row(row, START)
 
 
 @given(
@@ -83,26 +89,16 @@ def test_the_values_a_claims_rows_repeat_are_kept_once_and_equal_the_rows_own() 
     claimed_at = datetime(2026, 1, 1, tzinfo=UTC)
 
     def row(index: int) -> list[Any]:
-        values: dict[str, Any] = dict.fromkeys(CLAIM_COLUMNS)
-        values.update(
+        return _claim_row(
             id=str(uuid.uuid4()),
             task_path="".join(["tests.tasks.", "add"]),  # a new string object per row
             queue_name="".join(["def", "ault"]),
-            priority=0,
             args=f"[{index}]",
-            kwargs="{}",
-            attempt=1,
-            worker_ids="[]",
-            errors="[]",
-            enqueued_at=START,
-            run_after=START,
             # a first attempt's start is the claim's time; a retry's is its own
             started_at=claimed_at.replace() if index else START - timedelta(days=1),
             lease_token="".join(["lea", "se"]),
             backend_name="".join(["defa", "ult"]),
-            metadata="{}",
         )
-        return [values[name] for name in CLAIM_COLUMNS]
 
     rows = [row(index) for index in range(3)]
     shared = {}.setdefault

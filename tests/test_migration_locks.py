@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from django_tasks_plus.models import TaskRecord
 from tests.conftest import postgres_only
+from tests.test_locked_rows import _other_session
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
@@ -46,21 +47,6 @@ LETS_WRITES_THROUGH = "ShareUpdateExclusiveLock"
 WRITE_PATIENCE = 2
 
 
-def _raw_session() -> Any:
-    """A psycopg session of its own on the test database, in autocommit."""
-    import psycopg
-
-    settings = connection.settings_dict
-    return psycopg.connect(
-        dbname=settings["NAME"],
-        user=settings["USER"] or None,
-        host=settings["HOST"] or None,
-        port=settings["PORT"] or None,
-        password=settings["PASSWORD"] or None,
-        autocommit=True,
-    )
-
-
 def _row(queue: str) -> str:
     now = timezone.now()
     record = TaskRecord.objects.create(
@@ -77,7 +63,7 @@ def _while_a_writer_waits(change: Callable[[], None]) -> tuple[set[str], float |
     import psycopg
 
     held_row, template = _row("held"), _row("template")
-    blocker, writer = _raw_session(), _raw_session()
+    blocker, writer = _other_session(), _other_session()
     migrating_pid: list[int] = []
     failure: list[BaseException] = []
 

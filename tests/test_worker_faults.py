@@ -52,12 +52,9 @@ def _runs(markers: Path, tag: str) -> int:
 def _other_connection():  # type: ignore[no-untyped-def]
     """A second, independent database session (not Django's thread-bound one)."""
     if connection.vendor == "postgresql":
-        import psycopg
+        from tests.test_locked_rows import _other_session
 
-        params = connection.get_connection_params()
-        for key in ("cursor_factory", "context", "server_side_binding", "pool"):
-            params.pop(key, None)
-        return psycopg.connect(**params, autocommit=True)
+        return _other_session()
     import sqlite3
 
     return sqlite3.connect(
