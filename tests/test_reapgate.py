@@ -101,3 +101,10 @@ def test_the_slack_can_be_given():
     gate = ReapGate(VISIBILITY, INTERVAL, slack=1.0)
     assert _round(gate, 0.0, 0.9) is Verdict.REAP
     assert _round(gate, 1.0, 1.1) is Verdict.DEFER
+
+
+def test_a_slack_of_zero_is_kept_not_replaced_by_the_default():
+    gate = ReapGate(VISIBILITY, INTERVAL, slack=0.0)
+    assert gate.slack == 0.0
+    assert _round(gate, 0.0, 0.0) is Verdict.REAP
+    assert _round(gate, INTERVAL, 0.01) is Verdict.DEFER  # any slower step is held up

@@ -16,7 +16,6 @@ Pure logic: the heartbeat reports its rounds and steps in monotonic seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 
 MAX_DEFERRAL = 3
@@ -35,24 +34,22 @@ class Verdict(Enum):
     REAP_DESPITE_STALLS = "reap despite stalls"
 
 
-@dataclass
 class ReapGate:
     """Tracks whether this worker was held up lately, from the times of its own rounds.
 
     ``slack``: a step slower than this, or a gap between rounds longer than the interval
-    by this, counts as being held up (half the heartbeat interval by default).
+    by this, counts as being held up (``default_slack``: half the heartbeat interval).
     """
 
-    visibility_timeout: float
-    interval: float
-    slack: float = field(default=-1.0)
-    _reap_from: float | None = field(default=None, init=False)
-    _deferring_since: float | None = field(default=None, init=False)
-    _last_round_end: float | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        if self.slack < 0:
-            self.slack = default_slack(self.interval)
+    def __init__(
+        self, visibility_timeout: float, interval: float, slack: float | None = None
+    ) -> None:
+        self.visibility_timeout = visibility_timeout
+        self.interval = interval
+        self.slack = default_slack(interval) if slack is None else slack
+        self._reap_from: float | None = None
+        self._deferring_since: float | None = None
+        self._last_round_end: float | None = None
 
     def round_started(self, now: float) -> None:
         """A round begins: a late one means this worker was held up (paused, or waiting
