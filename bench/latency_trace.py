@@ -4,7 +4,9 @@ One worker (``Worker`` in a thread of its own process, as ``runtasks`` runs it) 
 enqueuing process, paced at ``--rate`` tasks/s. Both stamp the wall clock (the same host's)
 at the seams between stages, and each task is followed through them:
 
-    enqueue          before ``enqueue()`` -> its INSERT, NOTIFY and commit returned
+    enqueue          before ``enqueue()`` -> its INSERT, NOTIFY and commit returned, split
+                     below into the Python before the statement, the statement's round
+                     trip (INSERT, NOTIFY, commit), and the call's client CPU
     commit_to_wake   -> the worker's wake-up was set (the NOTIFY listener); below zero
                      when the listener heard the NOTIFY before the client read its reply
     wake_to_claim    -> the claim began (claim loop)
@@ -41,7 +43,17 @@ sys.path.insert(0, str(BENCH))
 
 from benchenv import migrated_database, paced, percentile  # noqa: E402
 
-STAGES = ("enqueue", "commit_to_wake", "wake_to_claim", "claim", "claim_to_body", "total")
+STAGES = (
+    "enqueue",
+    "  before_statement",
+    "  statement",
+    "  client_cpu",
+    "commit_to_wake",
+    "wake_to_claim",
+    "claim",
+    "claim_to_body",
+    "total",
+)
 
 
 def run_worker() -> None:
@@ -92,7 +104,8 @@ def run_worker() -> None:
 
 
 def run_enqueuer(tasks: int, rate: float) -> None:
-    """Enqueue ``benchtasks.stamp`` at ``rate``; print (id, before, committed) per task."""
+    """Enqueue ``benchtasks.stamp`` at ``rate``; print (id, before, statement sent,
+    committed, the call's client CPU in seconds) per task."""
     import django
 
     django.setup()
@@ -100,20 +113,23 @@ def run_enqueuer(tasks: int, rate: float) -> None:
 
     from django_tasks_plus.db import postgresql
 
-    committed: list[float] = []
+    statement: list[tuple[float, float]] = []
     insert_tasks = postgresql.PostgreSQLDialect.insert_tasks
 
     def traced_insert(self: Any, *args: Any, **kwargs: Any) -> None:
+        began = time.time()
         insert_tasks(self, *args, **kwargs)
-        committed.append(time.time())  # autocommit: the statement's return is its commit
+        statement.append((began, time.time()))  # autocommit: its return is its commit
 
     postgresql.PostgreSQLDialect.insert_tasks = traced_insert  # type: ignore[method-assign]
-    sent: list[tuple[str, float, float]] = []
+    sent: list[tuple[str, float, float, float, float]] = []
 
     def send(_: int) -> None:
+        cpu = time.thread_time()
         before = time.time()
         result = stamp.enqueue(before)
-        sent.append((result.id, before, committed[-1]))
+        cpu = time.thread_time() - cpu
+        sent.append((result.id, before, *statement[-1], cpu))
 
     paced(tasks, rate, send)
     print(json.dumps(sent), flush=True)
@@ -124,12 +140,15 @@ def stages(sent: list[Any], stamps: dict[str, Any], started: dict[str, float]) -
     wakes = sorted(stamps["wakes"])
     claims = {task_id: (began, ended) for began, ended, ids in stamps["claims"] for task_id in ids}
     spans: dict[str, list[float]] = {stage: [] for stage in STAGES}
-    for task_id, before, committed in sent:
+    for task_id, before, statement_sent, committed, cpu in sent:
         if task_id not in claims or task_id not in started:
             continue
         began, ended = claims[task_id]
         body = started[task_id]
         spans["enqueue"].append(committed - before)
+        spans["  before_statement"].append(statement_sent - before)
+        spans["  statement"].append(committed - statement_sent)
+        spans["  client_cpu"].append(cpu)
         spans["claim"].append(ended - began)
         spans["claim_to_body"].append(body - ended)
         spans["total"].append(body - before)
@@ -179,10 +198,10 @@ def main() -> None:
     for stage, values in figures.items():
         if values:
             p50, p90 = percentile(values, 0.5), percentile(values, 0.9)
-            print(f"{stage:15s} n={len(values):4d}  p50 {p50:6.3f} ms  p90 {p90:6.3f} ms")
+            print(f"{stage:18s} n={len(values):4d}  p50 {p50:6.3f} ms  p90 {p90:6.3f} ms")
     empty = sorted(stamps["empty_claims_ms"])
     if empty:
-        print(f"empty claims   n={len(empty):4d}  p50 {percentile(empty, 0.5):6.3f} ms")
+        print(f"empty claims      n={len(empty):4d}  p50 {percentile(empty, 0.5):6.3f} ms")
 
 
 if __name__ == "__main__":
