@@ -197,8 +197,11 @@ def main() -> None:
     print(f"{args.tasks} tasks at {args.rate:g}/s, one worker, load {os.getloadavg()[0]:.2f}")
     for stage, values in figures.items():
         if values:
-            p50, p90 = percentile(values, 0.5), percentile(values, 0.9)
-            print(f"{stage:18s} n={len(values):4d}  p50 {p50:6.3f} ms  p90 {p90:6.3f} ms")
+            p50, p90, p99 = (percentile(values, share) for share in (0.5, 0.9, 0.99))
+            print(
+                f"{stage:18s} n={len(values):4d}  p50 {p50:6.3f} ms  p90 {p90:6.3f} ms"
+                f"  p99 {p99:6.3f} ms"
+            )
     empty = sorted(stamps["empty_claims_ms"])
     if empty:
         print(f"empty claims      n={len(empty):4d}  p50 {percentile(empty, 0.5):6.3f} ms")
