@@ -143,6 +143,21 @@ def vacuum_counts() -> dict[str, int]:
     return {"autovacuum_count": int(vacuums), "autoanalyze_count": int(analyzes)}
 
 
+def wal_written() -> dict[str, int]:
+    """The server's WAL so far (PostgreSQL 14+, the whole cluster: the bench's is the only
+    load): bytes, and full-page images, which the first change of each page after a
+    checkpoint writes whole."""
+    if not is_postgres() or connection.pg_version < 140000:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal")
+        wal_bytes, wal_fpi = cursor.fetchone()
+        cursor.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+        (checkpoints,) = cursor.fetchone()
+    return {"wal_bytes": int(wal_bytes), "wal_fpi": int(wal_fpi), "checkpoints": int(checkpoints)}
+
+
 def committed_transactions() -> int | None:
     """Transactions committed in this database so far (PostgreSQL statistics).
 
@@ -294,6 +309,7 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     result.update(claim_plan())
     autovacuum_before = vacuum_counts()
     commits_before = committed_transactions()
+    wal_before = wal_written()
     connection.close()  # the worker should not compete with an idle session
 
     command = runtasks_command(*_worker_options(args))
@@ -310,6 +326,10 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     steady = (span["last_finished"] - span["first_started"]).total_seconds()
     usage["worker_cpu_ms_per_task"] = usage["worker_cpu_seconds"] * 1000 / args.tasks
     commits_after = committed_transactions()
+    for key, value in wal_written().items():  # the drain's, and the checks' few rows
+        usage[f"{key}_during"] = value - wal_before[key]
+    if "wal_bytes_during" in usage:
+        usage["wal_bytes_per_task"] = usage["wal_bytes_during"] / args.tasks
     if commits_before is not None and commits_after is not None:
         # Includes the verification queries above: a handful against thousands.
         usage["commits_per_task"] = (commits_after - commits_before) / args.tasks
