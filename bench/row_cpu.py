@@ -31,6 +31,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from benchenv import migrated_database  # noqa: E402
+from cpuaccount import thread_cpu  # noqa: E402
 
 ORDERED_QUEUE = "other"  # a queue of the test project's QUEUES
 
@@ -91,8 +92,7 @@ def main() -> None:
     dialect.bound_worker_statements(connection, 60.0)  # the worker's session settings
 
     def cpu_us() -> float:
-        with open(f"/proc/{backend}/schedstat") as stat:
-            return int(stat.read().split()[0]) / 1_000
+        return thread_cpu(backend) * 1e6
 
     claims: dict[str, list[float]] = {queue: [] for queue in queues}
     outcomes: dict[str, list[float]] = {queue: [] for queue in queues}
