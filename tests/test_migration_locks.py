@@ -141,6 +141,20 @@ def _operations(migration: str) -> tuple[list[Any], list[Any]]:
     return operations, states
 
 
+def _applied(operation: Any, before: Any, after: Any, *, forwards: bool) -> Callable[[], None]:
+    """Running ``operation`` forwards (``before`` → ``after``) or backwards, outside a
+    transaction, as ``migrate`` runs a non-atomic migration's operations."""
+
+    def run() -> None:
+        with connections[connection.alias].schema_editor(atomic=False) as editor:
+            if forwards:
+                operation.database_forwards(APP, editor, before, after)
+            else:
+                operation.database_backwards(APP, editor, after, before)
+
+    return run
+
+
 @pytest.mark.parametrize("migration", CONCURRENT_INDEX_MIGRATIONS)
 def test_each_index_migration_of_the_task_table_lets_writes_through(migration):
     """Backwards (last operation first) and forwards again: each step takes
@@ -149,18 +163,7 @@ def test_each_index_migration_of_the_task_table_lets_writes_through(migration):
     operations, states = _operations(migration)
 
     def step(index: int, forwards: bool) -> Callable[[], None]:
-        def run() -> None:
-            with connections[connection.alias].schema_editor(atomic=False) as editor:
-                if forwards:
-                    operations[index].database_forwards(
-                        APP, editor, states[index], states[index + 1]
-                    )
-                else:
-                    operations[index].database_backwards(
-                        APP, editor, states[index + 1], states[index]
-                    )
-
-        return run
+        return _applied(operations[index], states[index], states[index + 1], forwards=forwards)
 
     undone: list[int] = []
     try:
@@ -198,12 +201,8 @@ def test_a_plain_index_build_would_be_caught():
     after = state.clone()
     plain.state_forwards(APP, after)
 
-    def build() -> None:
-        with connections[connection.alias].schema_editor(atomic=False) as editor:
-            plain.database_forwards(APP, editor, state, after)
-
     try:
-        modes, inserted = _while_a_writer_waits(build)
+        modes, inserted = _while_a_writer_waits(_applied(plain, state, after, forwards=True))
         assert modes == {"ShareLock"}
         assert inserted is None
     finally:
