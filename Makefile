@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test bench chaos audit lint format clean distclean
+.PHONY: help demo test bench bench-set chaos audit lint format clean distclean
 
 help:
 	@echo "make demo       run the test project: admin on http://127.0.0.1:8000/admin/, a worker and"
@@ -12,6 +12,8 @@ help:
 	@echo "                (knobs: TEST_COMBOS=django61 TEST_DBS=sqlite PYTEST_ARGS='-x -k name'"
 	@echo "                TEST_JOBS=2: two environments side by side)"
 	@echo "make bench      benchmark on PostgreSQL (BENCH_ARGS='--quick'); drops/recreates db 'bench'"
+	@echo "make bench-set  three runs of W1-W3 beside the peers, then issue #18's verdict on them"
+	@echo "                (bench/peerset.py: each row's median of per-run ratios; about 12 minutes)"
 	@echo "make chaos      chaos run: kill, pause and cut off workers while they drain; checks"
 	@echo "                nothing is lost (CHAOS_ARGS='--sqlite' or '--long'); restarts PostgreSQL"
 	@echo "make audit      pip-audit the dependency sets 'make test' installed (.tox/)"
@@ -28,6 +30,15 @@ test:
 
 bench: .venv-bench/.installed
 	DEBUG=false .venv-bench/bin/python bench/run.py $(BENCH_ARGS)
+
+BENCH_SET_PEERS ?= pgqueuer,oban,celery,procrastinate
+
+bench-set: .venv-bench/.installed
+	for run in 1 2 3; do \
+		DEBUG=false .venv-bench/bin/python bench/run.py --workloads W1,W2,W3 --runs 1 \
+			--peers $(BENCH_SET_PEERS) || exit 1; \
+	done
+	.venv-bench/bin/python bench/peerset.py --last 3
 
 chaos: .venv-bench/.installed
 	.venv-bench/bin/python bench/chaos.py $(CHAOS_ARGS)

@@ -90,3 +90,88 @@ def test_every_name_a_bench_script_imports_from_another_still_exists():
                 ]
     assert len(scripts) > 20
     assert missing == []
+
+
+def _peer_run(
+    ours: dict[str, dict[str, float]],
+    peers: dict[str, dict[str, dict[str, float]]],
+    *,
+    failed: dict[str, str] | None = None,
+) -> dict:  # type: ignore[type-arg]
+    """A result file's shape, as ``run.py --peers`` writes it, with only what the
+    verdict reads."""
+    return {
+        "meta": {"commit": "abc1234def"},
+        "postgresql": {
+            series: {"median": figures, "baseline_median_rate": figures.get("bare")}
+            for series, figures in ours.items()
+        },
+        "peers": [
+            {
+                "name": name,
+                "results": results,
+                "errors": (failed or {}) if name == "pgqueuer" else {},
+            }
+            for name, results in peers.items()
+        ],
+    }
+
+
+def test_peerset_takes_each_run_against_its_own_peers_and_medians_the_ratios():
+    from peerset import verdicts
+
+    def run(drain: float, pgqueuer_drain: float, p50: float, celery_p50: float) -> dict:  # type: ignore[type-arg]
+        return _peer_run(
+            {
+                "W1a": {"rate": 1000.0},
+                "W2": {"rate": drain, "bare": 40_000.0, "peak_pss_mb": 78.0},
+                "W3": {"p50_ms": p50, "p99_ms": 5.0},
+            },
+            {
+                "pgqueuer": {
+                    "enqueue-single": {"rate": 1250.0},
+                    "drain": {"rate": pgqueuer_drain, "peak_pss_mb": 80.0},
+                    "latency": {"p50_ms": 3.5, "p99_ms": 6.0},
+                },
+                "celery": {
+                    "enqueue-single": {"rate": 800.0},
+                    "latency": {"p50_ms": celery_p50, "p99_ms": 4.0},
+                },
+            },
+        )
+
+    # The second run is slower for everyone: its own ratio, not a mix of runs, counts.
+    runs = [
+        run(15_000, 5_000, 3.0, 2.5),
+        run(10_000, 4_000, 4.0, 5.0),
+        run(16_000, 8_000, 3.0, 3.3),
+    ]
+    found = {verdict.label: verdict for verdict in verdicts(runs)}
+    drain = found["drain vs pgqueuer"]
+    assert drain.median == pytest.approx(2.5)  # 3.0, 2.5, 2.0
+    assert drain.met is True
+    assert drain.per_run == ("3.00 (pgqueuer)", "2.50 (pgqueuer)", "2.00 (pgqueuer)")
+    assert found["drain / bare loop"].median == pytest.approx(15_000 / 40_000)
+    # Latency against the lowest peer of each run: celery, pgqueuer, celery.
+    p50 = found["p50 at 50/s vs best peer"]
+    assert p50.per_run == ("1.20 (celery)", "1.14 (pgqueuer)", "0.91 (celery)")
+    assert p50.met is False
+    assert found["p99 at 50/s vs best peer"].median == pytest.approx(1.25)  # against celery's 4.0
+    single = found["single enqueue() vs best peer"]  # the fastest peer: pgqueuer's 1,250/s
+    assert single.median == pytest.approx(0.8)
+    assert single.met is False
+    assert found["summed worker PSS vs pgqueuer"].met is True
+
+
+def test_peerset_leaves_out_a_run_whose_peer_failed_and_says_when_nothing_is_left():
+    from peerset import verdicts
+
+    failed = _peer_run(
+        {"W2": {"rate": 10_000.0, "bare": 30_000.0}},
+        {"pgqueuer": {"drain": {"rate": 2_000.0}}},
+        failed={"drain": "worker crashed"},
+    )
+    found = {verdict.label: verdict for verdict in verdicts([failed])}
+    assert found["drain vs pgqueuer"].median is None
+    assert found["drain vs pgqueuer"].met is None
+    assert found["drain / bare loop"].per_run == ("0.33 (bare loop)",)

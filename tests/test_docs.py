@@ -154,6 +154,20 @@ def test_the_operations_command_table_lists_every_management_command():
     assert listed == set(commands)
 
 
+def test_every_make_target_is_in_make_help_and_the_development_page():
+    """What ``.PHONY`` declares is what ``make help`` prints (``help`` itself aside) and
+    the development page's table of targets lists, and nothing more."""
+    makefile = (REPO / "Makefile").read_text()
+    declared = set(re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split())  # type: ignore[union-attr]
+    helped = set(re.findall(r'^\t@echo "make (\S+)', makefile, re.MULTILINE))
+    page = _section(DOCS / "development.md", "## Make targets")
+    listed = {
+        m.group(1) for cell in _table_cells(page) if (m := re.fullmatch(r"`make ?(\S*)`", cell))
+    }
+    assert helped == declared - {"help"}
+    assert listed == declared
+
+
 def test_every_option_is_documented_in_the_settings_reference():
     """Each ``OPTIONS`` key the backend accepts has its own heading in settings.md, and
     each ``METRICS`` key a row; no heading names a key the backend refuses."""
