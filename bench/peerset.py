@@ -10,8 +10,8 @@ $ python bench/peerset.py bench/results/A.json bench/results/B.json bench/result
 Each run's ratio is taken against the peers of the same run, never against another run's,
 because the machine's speed moves between runs more than the queues differ. "Best peer"
 is the fastest (or, for latency, the lowest) of the peers that ran that row in that run.
-Rows whose peer failed or did not run in a run are left out of that run's median, and
-the table says how many runs each median has.
+A run whose peer failed that row, or did not run it, is left out of the row's median;
+the table's last column lists the runs that count.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Target:
 
 def _peer_results(run: Run, workload: str) -> dict[str, dict[str, Any]]:
     """Each peer's figures for ``workload`` in this run, by peer name (failed ones left out)."""
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for peer in run.get("peers") or []:
         figures = (peer.get("results") or {}).get(workload)
         if isinstance(figures, dict) and workload not in (peer.get("errors") or {}):
