@@ -8,7 +8,8 @@ $ python bench/peerset.py bench/results/A.json bench/results/B.json bench/result
 ```
 
 Each run's ratio is taken against the peers of the same run, never against another run's,
-because the machine's speed moves between runs more than the queues differ. "Best peer"
+because the machine's speed moves between runs more than the queues differ: it is the
+``ours / theirs`` that ``run.py`` stored beside each peer's results (``peers.compare``). "Best peer"
 is the fastest (or, for latency, the lowest) of the peers that ran that row in that run.
 A run whose peer failed that row, or did not run it, is left out of the row's median;
 the table's last column lists the runs that count.
@@ -24,6 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from peers import METRICS
+from report import ratio
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -43,98 +47,88 @@ class Target:
         return value >= self.bar if self.higher_is_better else value <= self.bar
 
 
-def _peer_results(run: Run, workload: str) -> dict[str, dict[str, Any]]:
-    """Each peer's figures for ``workload`` in this run, by peer name (failed ones left out)."""
-    found: dict[str, dict[str, Any]] = {}
+def _label(series: str, key: str) -> str:
+    """The comparison ``peers.compare`` stores in a run for our ``series`` and ``key``."""
+    return next(label for label, *_, ours, our_key in METRICS if (ours, our_key) == (series, key))
+
+
+def _peer_ratios(run: Run, label: str) -> dict[str, float]:
+    """Ours over each peer's figure for the comparison ``label``, as the run stored them
+    (a peer that failed the workload has none), by peer name."""
+    found: dict[str, float] = {}
     for peer in run.get("peers") or []:
-        figures = (peer.get("results") or {}).get(workload)
-        if isinstance(figures, dict) and workload not in (peer.get("errors") or {}):
-            found[peer["name"]] = figures
+        for entry in peer.get("compared") or []:
+            value = entry.get("ours_vs_peer")
+            if entry.get("metric") == label and isinstance(value, int | float):
+                found[peer["name"]] = float(value)
     return found
 
 
-def _ours(run: Run, series: str, key: str) -> float | None:
-    median = (run.get("postgresql") or {}).get(series, {}).get("median") or {}
-    value = median.get(key)
-    return float(value) if isinstance(value, int | float) else None
-
-
 def _against_best(
-    series: str, workload: str, ours_key: str, theirs_key: str, *, lowest: bool = False
+    series: str, key: str, *, higher_is_better: bool = True
 ) -> Callable[[Run], tuple[float, str] | None]:
-    """Ours over the best peer's figure of the same run (lowest for latency)."""
+    """Ours over the best peer of the same run: the one we compare worst with (the
+    fastest, or the one with the lowest latency)."""
+    label = _label(series, key)
 
     def ratio(run: Run) -> tuple[float, str] | None:
-        ours = _ours(run, series, ours_key)
-        theirs = {
-            name: float(figures[theirs_key])
-            for name, figures in _peer_results(run, workload).items()
-            if isinstance(figures.get(theirs_key), int | float) and figures[theirs_key] > 0
-        }
-        if ours is None or not theirs:
+        ratios = _peer_ratios(run, label)
+        if not ratios:
             return None
-        pick = min if lowest else max
-        best = pick(theirs, key=theirs.__getitem__)
-        return ours / theirs[best], best
+        best = (min if higher_is_better else max)(ratios, key=ratios.__getitem__)
+        return ratios[best], best
 
     return ratio
 
 
-def _against(
-    peer: str, series: str, workload: str, ours_key: str, theirs_key: str
-) -> Callable[[Run], tuple[float, str] | None]:
+def _against(peer: str, series: str, key: str) -> Callable[[Run], tuple[float, str] | None]:
     """Ours over one named peer's figure of the same run."""
+    label = _label(series, key)
 
     def ratio(run: Run) -> tuple[float, str] | None:
-        ours = _ours(run, series, ours_key)
-        figures = _peer_results(run, workload).get(peer) or {}
-        theirs = figures.get(theirs_key)
-        if ours is None or not isinstance(theirs, int | float) or theirs <= 0:
-            return None
-        return ours / float(theirs), peer
+        value = _peer_ratios(run, label).get(peer)
+        return None if value is None else (value, peer)
 
     return ratio
 
 
 def _share_of_bare(run: Run) -> tuple[float, str] | None:
     """W2's drain over the bare SKIP LOCKED loop measured in the same run."""
-    ours = _ours(run, "W2", "rate")
-    bare = (run.get("postgresql") or {}).get("W2", {}).get("baseline_median_rate")
-    if ours is None or not isinstance(bare, int | float) or bare <= 0:
-        return None
-    return ours / float(bare), "bare loop"
+    drain = (run.get("postgresql") or {}).get("W2") or {}
+    share = ratio((drain.get("median") or {}).get("rate"), drain.get("baseline_median_rate"))
+    return None if share is None else (share, "bare loop")
 
 
 TARGETS = (
     Target(
         "single enqueue() vs best peer",
-        _against_best("W1a", "enqueue-single", "rate", "rate"),
+        _against_best("W1a", "rate"),
         1.2,
         True,
     ),
     Target(
         "bulk enqueue vs pgqueuer",
-        _against("pgqueuer", "W1b", "enqueue-bulk", "rate", "rate"),
+        _against("pgqueuer", "W1b", "rate"),
         1.2,
         True,
     ),
-    Target("drain vs pgqueuer", _against("pgqueuer", "W2", "drain", "rate", "rate"), 2.5, True),
+    Target("drain vs pgqueuer", _against("pgqueuer", "W2", "rate"), 2.5, True),
     Target("drain / bare loop", _share_of_bare, 0.35, True),
     Target(
         "p50 at 50/s vs best peer",
-        _against_best("W3", "latency", "p50_ms", "p50_ms", lowest=True),
+        _against_best("W3", "p50_ms", higher_is_better=False),
         1.0,
         False,
     ),
     Target(
         "p99 at 50/s vs best peer",
-        _against_best("W3", "latency", "p99_ms", "p99_ms", lowest=True),
+        _against_best("W3", "p99_ms", higher_is_better=False),
         1.0,
         False,
     ),
     Target(
         "summed worker PSS vs pgqueuer",
-        _against("pgqueuer", "W2", "drain", "peak_pss_mb", "peak_pss_mb"),
+        _against("pgqueuer", "W2", "peak_pss_mb"),
         1.0,
         False,
     ),

@@ -98,22 +98,33 @@ def _peer_run(
     *,
     failed: dict[str, str] | None = None,
 ) -> dict:  # type: ignore[type-arg]
-    """A result file's shape, as ``run.py --peers`` writes it, with only what the
-    verdict reads."""
+    """A result file as ``run.py --peers`` writes it (our series, each peer's results and
+    the comparisons ``peers.attach_comparisons`` stores), with only what the verdict reads;
+    a figure named ``bare`` is the workload's baseline."""
+    from peers import attach_comparisons
+    from report import Series
+
+    series = {
+        name: Series(
+            runs=[{key: value for key, value in figures.items() if key != "bare"}],
+            baseline=[{"rate": figures["bare"]}] if "bare" in figures else [],
+        )
+        for name, figures in ours.items()
+    }
+    peer_runs = [
+        {
+            "name": name,
+            "available": True,
+            "results": results,
+            "errors": (failed or {}) if name == "pgqueuer" else {},
+        }
+        for name, results in peers.items()
+    ]
+    attach_comparisons(peer_runs, series)
     return {
         "meta": {"commit": "abc1234def"},
-        "postgresql": {
-            series: {"median": figures, "baseline_median_rate": figures.get("bare")}
-            for series, figures in ours.items()
-        },
-        "peers": [
-            {
-                "name": name,
-                "results": results,
-                "errors": (failed or {}) if name == "pgqueuer" else {},
-            }
-            for name, results in peers.items()
-        ],
+        "postgresql": {name: entry.to_json() for name, entry in series.items()},
+        "peers": peer_runs,
     }
 
 
