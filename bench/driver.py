@@ -145,15 +145,20 @@ def vacuum_counts() -> dict[str, int]:
 
 def wal_written() -> dict[str, int]:
     """The server's WAL so far (PostgreSQL 14+, the whole cluster: the bench's is the only
-    load): bytes, and full-page images, which the first change of each page after a
-    checkpoint writes whole."""
+    load): bytes, full-page images (the first change of each page after a checkpoint
+    writes it whole) and checkpoints begun (counted in ``pg_stat_checkpointer`` from
+    PostgreSQL 17, whose ``pg_stat_bgwriter`` no longer has them)."""
     if not is_postgres() or connection.pg_version < 140000:
         return {}
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal")
         wal_bytes, wal_fpi = cursor.fetchone()
-        cursor.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+        cursor.execute(
+            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"  # PostgreSQL 17+
+            if connection.pg_version >= 170000
+            else "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        )
         (checkpoints,) = cursor.fetchone()
     return {"wal_bytes": int(wal_bytes), "wal_fpi": int(wal_fpi), "checkpoints": int(checkpoints)}
 
