@@ -211,6 +211,13 @@ class DatabaseBackend(compat.BaseTaskBackend):
         values = rows(self.settings, envelope)
         database = self.settings.database
         connection = connections[database]
+        results: list[compat.TaskResult] = []
+
+        def build_results() -> None:
+            # The results need no answer from the database: built while a COPY's rows
+            # are still being taken in.
+            results.extend(self._new_results(envelope, values[0]["queue_name"]))
+
         try:
             # One task without a dedup key is one INSERT statement, atomic by itself: no
             # BEGIN/COMMIT round trips around it in autocommit mode.
@@ -226,7 +233,7 @@ class DatabaseBackend(compat.BaseTaskBackend):
                     return [self.get_result(task_id) for task_id in held_by]
                 self._check_depth(values[0]["queue_name"], len(values))
                 dialect_for(connection).insert_tasks(
-                    connection, values, notify=self.settings.notify
+                    connection, values, notify=self.settings.notify, meanwhile=build_results
                 )
         except DatabaseError as exc:
             if not _connection_lost(connection, exc):
@@ -234,7 +241,6 @@ class DatabaseBackend(compat.BaseTaskBackend):
             raise DatabaseUnavailable(
                 f"Cannot enqueue {task.module_path}: database {database!r} is unavailable ({exc})."
             ) from exc
-        results = self._new_results(envelope, values[0]["queue_name"])
         # Listeners hear of the tasks only once they exist for everyone else too.
         transaction.on_commit(partial(self._announce_enqueued, results), using=database)
         return results

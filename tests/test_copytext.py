@@ -13,12 +13,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_tasks_plus.compat import task_backends
 from django_tasks_plus.db import dialect_for
-from django_tasks_plus.db.copytext import CHUNK_LINES, NULL, copy_text, field
+from django_tasks_plus.db.copytext import CHUNK_LINES, NULL, RowsUnwritable, copy_text, field
 from django_tasks_plus.db.postgresql import COPY_THRESHOLD
 from django_tasks_plus.db.values import JsonText
 from django_tasks_plus.envelope import build, rows
@@ -61,11 +61,33 @@ def test_each_kind_of_row_value_is_written_as_copy_reads_it(value: Any, text: st
     assert type(field(value)) is str
 
 
-@pytest.mark.parametrize("odd", ["nul\x00inside", 1.5, Decimal("1"), b"bytes", [1]])
-def test_a_value_it_does_not_write_sends_the_whole_batch_back_to_the_driver(odd: Any):
-    batch = [{"id": str(n), "value": "fine"} for n in range(5)]
-    batch[3] = {"id": "3", "value": odd}
+ODD = ["nul\x00inside", 1.5, Decimal("1"), b"bytes", [1]]
+
+
+@pytest.mark.parametrize("odd", ODD)
+def test_a_shared_value_it_does_not_write_sends_the_whole_batch_back_to_the_driver(odd: Any):
+    batch = [{"id": str(n), "value": odd} for n in range(5)]
     assert copy_text(batch) is None
+
+
+@pytest.mark.parametrize("odd", ODD)
+def test_a_row_value_it_does_not_write_ends_the_text_at_that_rows_chunk(odd: Any):
+    batch = [{"id": str(n), "value": "fine"} for n in range(CHUNK_LINES + 5)]
+    batch[CHUNK_LINES + 3] = {"id": "odd", "value": odd}
+    columns, chunks = copy_text(batch)  # type: ignore[misc]
+    assert columns == ["id", "value"]
+    first = next(chunks)  # the chunk before the odd row's is rendered as usual
+    assert first.splitlines() == [f"{n}\tfine" for n in range(CHUNK_LINES)]
+    with pytest.raises(RowsUnwritable) as raised:
+        next(chunks)
+    assert raised.value.start == CHUNK_LINES  # the first row not rendered: the driver's
+
+
+def test_chunks_are_rendered_as_they_are_taken():
+    batch = [{"id": f"{n}", "same": "x"} for n in range(CHUNK_LINES + 1)]
+    _, chunks = copy_text(batch)  # type: ignore[misc]
+    batch[CHUNK_LINES]["id"] = "changed"  # after copy_text returned, before the 2nd chunk
+    assert list(chunks)[1] == "changed\tx\n"
 
 
 def test_shared_columns_are_written_once_after_each_rows_own():
@@ -87,7 +109,8 @@ def test_shared_columns_are_written_once_after_each_rows_own():
 
 def test_long_batches_come_in_chunks_of_whole_lines():
     batch = [{"id": f"{n}", "same": "x"} for n in range(CHUNK_LINES * 2 + 1)]
-    columns, chunks = copy_text(batch)  # type: ignore[misc]
+    columns, rendered = copy_text(batch)  # type: ignore[misc]
+    chunks = list(rendered)
     assert columns == ["id", "same"]
     assert [chunk.count("\n") for chunk in chunks] == [CHUNK_LINES, CHUNK_LINES, 1]
     assert all(chunk.endswith("\n") for chunk in chunks)
@@ -147,3 +170,70 @@ def test_a_batch_with_a_value_copytext_does_not_write_is_copied_by_the_driver():
     stored = TaskRecord.objects.filter(pk__in=[row["id"] for row in values])
     assert stored.count() == COPY_THRESHOLD
     assert set(stored.values_list("run_after", flat=True)) == {later}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_from_the_first_odd_value_on_are_copied_by_the_driver_in_the_same_copy():
+    class Moment(dt.datetime):
+        """A datetime subclass (as some time libraries' are): psycopg adapts it."""
+
+    backend = task_backends["default"]
+    count = CHUNK_LINES + 10
+    envelope = build(
+        backend.settings, tasks.add, [((n, n), {}) for n in range(count)], now=timezone.now()
+    )
+    values = rows(backend.settings, envelope)
+    later = Moment(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    odd = CHUNK_LINES + 4
+    values[odd] = {**values[odd], "run_after": later}
+    dialect_for(connection).insert_tasks(connection, values, notify=False)
+    stored = {
+        str(task_id): run_after
+        for task_id, run_after in TaskRecord.objects.filter(
+            pk__in=[row["id"] for row in values]
+        ).values_list("id", "run_after")
+    }
+    assert len(stored) == count
+    assert stored[values[odd]["id"]] == later
+    assert {stored[row["id"]] for i, row in enumerate(values) if i != odd} == {envelope.enqueued_at}
+    assert not TaskRecord.objects.filter(pk__in=list(stored), sequence=None).exists()
+
+
+def _statement_state() -> str:
+    """What the driver says the session is doing: ACTIVE while a statement (the COPY)
+    is still running on the server."""
+    if connection.vendor != "postgresql":
+        return "n/a"
+    return connection.connection.info.transaction_status.name
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("count", [1, COPY_THRESHOLD])
+def test_meanwhile_runs_once_on_every_insert_path_and_its_error_stores_nothing(count: int):
+    backend = task_backends["default"]
+
+    def values() -> list[dict[str, Any]]:
+        calls = [((n, n), {}) for n in range(count)]
+        return rows(backend.settings, build(backend.settings, tasks.add, calls, now=timezone.now()))
+
+    first = values()
+    states: list[str] = []
+    dialect_for(connection).insert_tasks(
+        connection, first, meanwhile=lambda: states.append(_statement_state())
+    )
+    assert TaskRecord.objects.filter(pk__in=[row["id"] for row in first]).count() == count
+    if connection.vendor == "postgresql" and count >= COPY_THRESHOLD:
+        assert states == ["ACTIVE"]  # the rows sent, the COPY not yet ended: the overlap
+    else:
+        assert len(states) == 1
+
+    class Refused(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Refused
+
+    second = values()
+    with pytest.raises(Refused), transaction.atomic():
+        dialect_for(connection).insert_tasks(connection, second, meanwhile=refuse)
+    assert not TaskRecord.objects.filter(pk__in=[row["id"] for row in second]).exists()

@@ -488,8 +488,14 @@ class Dialect(ABC):
         rows: Sequence[Mapping[str, Any]],
         *,
         notify: bool = True,
+        meanwhile: Callable[[], object] | None = None,
     ) -> None:
-        """Insert task rows on ``connection``, numbering them in order, waking workers."""
+        """Insert task rows on ``connection``, numbering them in order, waking workers.
+
+        ``meanwhile``: client work to do once, before this returns; where the driver
+        streams the rows (PostgreSQL's COPY), while the server is still taking them in.
+        It raising undoes nothing by itself: the caller's transaction decides.
+        """
 
     def insert_dedup_key(
         self,

@@ -7,14 +7,15 @@ psycopg's ``write_row``, which adapts all 21 values of every row (dates formatte
 looked up) to build the same text.
 
 Pure text work, no I/O: ``postgresql.py`` streams the chunks. A value of a type this does
-not know how to write (``None`` from ``copy_text``) sends the caller back to
-``write_row``, so an unexpected value is adapted by psycopg rather than guessed at here.
+not know how to write (``None`` from ``copy_text``, or ``RowsUnwritable`` from its chunks)
+sends the caller back to ``write_row`` for the rows from there on, so an unexpected value
+is adapted by psycopg rather than guessed at here.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -54,13 +55,15 @@ def field(value: Any) -> str:
     raise _Unwritable(cls.__name__)
 
 
-def copy_text(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]] | None:
+def copy_text(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], Iterator[str]] | None:
     """The column order and the COPY text (in chunks of lines) for ``rows``, every row
-    having the first row's keys in its order; None if some value is not of a type
-    ``field`` writes.
+    having the first row's keys in its order; None if a value every row shares is not
+    of a type ``field`` writes.
 
     A column whose value is the same object in every row is rendered once; the others
-    come first in each line.
+    come first in each line. The chunks are rendered as they are taken, so the server
+    reads one while the next is rendered; a row value ``field`` does not write ends
+    them with ``RowsUnwritable``, naming the first row not yet rendered.
     """
     first = rows[0]
     names = list(first)
@@ -73,11 +76,27 @@ def copy_text(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]] 
     common = [name for name in names if name in shared]
     try:
         tail = "".join("\t" + field(first[name]) for name in common) + "\n"
-        lines = [
-            "\t".join([field(row[name]) for name in own]) + tail if own else tail[1:]
-            for row in rows
-        ]
     except _Unwritable:
         return None
-    chunks = ["".join(lines[i : i + CHUNK_LINES]) for i in range(0, len(lines), CHUNK_LINES)]
-    return own + common, chunks
+    return own + common, _chunks(rows, own, tail)
+
+
+class RowsUnwritable(Exception):
+    """Rows from ``start`` on hold a value ``field`` does not write: psycopg adapts them."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__(start)
+        self.start = start
+
+
+def _chunks(rows: Sequence[Mapping[str, Any]], own: list[str], tail: str) -> Iterator[str]:
+    for start in range(0, len(rows), CHUNK_LINES):
+        batch = rows[start : start + CHUNK_LINES]
+        if not own:
+            yield tail[1:] * len(batch)
+            continue
+        try:
+            lines = ["\t".join([field(row[name]) for name in own]) + tail for row in batch]
+        except _Unwritable:
+            raise RowsUnwritable(start) from None
+        yield "".join(lines)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import select
 import zoneinfo
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -33,7 +33,7 @@ from .base import (
     sort_claimed,
     table,
 )
-from .copytext import copy_text
+from .copytext import RowsUnwritable, copy_text
 from .pgexec import bound_cursor, fetch_all, worker_session
 
 if TYPE_CHECKING:
@@ -339,10 +339,11 @@ class PostgreSQLDialect(Dialect):
         rows: Sequence[Mapping[str, Any]],
         *,
         notify: bool = True,
+        meanwhile: Callable[[], object] | None = None,
     ) -> None:
         queues = sorted({row["queue_name"] for row in rows})
         if len(rows) >= COPY_THRESHOLD:
-            self._copy(connection, rows)
+            self._copy(connection, rows, meanwhile)
             if notify:
                 with connection.cursor() as cursor:
                     cursor.execute(NOTIFY_QUEUES, [NOTIFY_CHANNEL, queues])
@@ -360,11 +361,22 @@ class PostgreSQLDialect(Dialect):
                 else:
                     statement = INSERT_AND_NOTIFY.format(insert=insert)
                     cursor.execute(statement, [*params, NOTIFY_CHANNEL, queues])
+        if meanwhile is not None:
+            meanwhile()
 
-    def _copy(self, connection: BaseDatabaseWrapper, rows: Sequence[Mapping[str, Any]]) -> None:
+    def _copy(
+        self,
+        connection: BaseDatabaseWrapper,
+        rows: Sequence[Mapping[str, Any]],
+        meanwhile: Callable[[], object] | None,
+    ) -> None:
         """Stream the rows with COPY, in the caller's transaction: as text rendered by
-        ``copytext`` (the shared columns once), or row by row through psycopg when a
-        value is of a type ``copytext`` does not write.
+        ``copytext`` (the shared columns once), or through psycopg's ``write_row`` from
+        the first row holding a value of a type ``copytext`` does not write.
+
+        The server takes the rows in while the client renders the next chunk, and once
+        all are sent, while ``meanwhile`` runs: the client's work and the server's
+        overlap instead of following each other (the COPY's end waits for the server).
 
         psycopg's own cursor bypasses Django's error translation, so it is wrapped here:
         a lost connection surfaces as ``django.db.OperationalError``, as on every other
@@ -372,19 +384,23 @@ class PostgreSQLDialect(Dialect):
         """
         quote = connection.ops.quote_name
         rendered = copy_text(rows)
-        names = rendered[0] if rendered is not None else list(rows[0])
+        names, chunks = rendered if rendered is not None else (list(rows[0]), iter(()))
         columns = ", ".join(quote(column(name)) for name in names)
         with connection.cursor() as cursor, connection.wrap_database_errors:
             raw = cursor.cursor  # psycopg's own cursor: COPY is not part of the DB-API
             with raw.copy(f"COPY {quote(table())} ({columns}) FROM STDIN") as copy:
-                if rendered is not None:
-                    for chunk in rendered[1]:
+                rest = 0 if rendered is None else len(rows)
+                try:
+                    for chunk in chunks:
                         copy.write(chunk)
-                    return
-                for row in rows:
+                except RowsUnwritable as unwritable:
+                    rest = unwritable.start
+                for row in rows[rest:]:
                     # Envelope values are already driver-ready (UUID, aware datetimes, str,
                     # int, bool, None; JSON as text), so Django's per-field prep is skipped.
-                    copy.write_row(list(row.values()))
+                    copy.write_row([row[name] for name in names])
+                if meanwhile is not None:
+                    meanwhile()
 
     def claim(
         self,

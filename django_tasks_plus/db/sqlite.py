@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -142,6 +142,7 @@ class SQLiteDialect(Dialect):
         rows: Sequence[Mapping[str, Any]],
         *,
         notify: bool = True,
+        meanwhile: Callable[[], object] | None = None,
     ) -> None:
         statements = insert_statements(
             rows,
@@ -152,6 +153,8 @@ class SQLiteDialect(Dialect):
         with connection.cursor() as cursor:
             for insert, params in statements:
                 cursor.execute(insert, params)
+        if meanwhile is not None:
+            meanwhile()
 
     def claim(
         self,
