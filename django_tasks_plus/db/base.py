@@ -494,7 +494,8 @@ class Dialect(ABC):
 
         ``meanwhile``: client work to do once, before this returns; where the driver
         streams the rows (PostgreSQL's COPY), while the server is still taking them in.
-        It raising undoes nothing by itself: the caller's transaction decides.
+        If it raises, the rows may already be written (a COPY it interrupts fails):
+        what stays is the caller's transaction's to decide.
         """
 
     def insert_dedup_key(

@@ -372,7 +372,7 @@ class PostgreSQLDialect(Dialect):
     ) -> None:
         """Stream the rows with COPY, in the caller's transaction: as text rendered by
         ``copytext`` (the shared columns once), or through psycopg's ``write_row`` from
-        the first row holding a value of a type ``copytext`` does not write.
+        the chunk that holds the first value of a type ``copytext`` does not write.
 
         The server takes the rows in while the client renders the next chunk, and once
         all are sent, while ``meanwhile`` runs: the client's work and the server's
