@@ -384,17 +384,19 @@ class PostgreSQLDialect(Dialect):
         """
         quote = connection.ops.quote_name
         rendered = copy_text(rows)
-        names, chunks = rendered if rendered is not None else (list(rows[0]), iter(()))
+        names = rendered[0] if rendered is not None else list(rows[0])
         columns = ", ".join(quote(column(name)) for name in names)
         with connection.cursor() as cursor, connection.wrap_database_errors:
             raw = cursor.cursor  # psycopg's own cursor: COPY is not part of the DB-API
             with raw.copy(f"COPY {quote(table())} ({columns}) FROM STDIN") as copy:
-                rest = 0 if rendered is None else len(rows)
-                try:
-                    for chunk in chunks:
-                        copy.write(chunk)
-                except RowsUnwritable as unwritable:
-                    rest = unwritable.start
+                rest = 0  # the first row the driver writes
+                if rendered is not None:
+                    try:
+                        for chunk in rendered[1]:
+                            copy.write(chunk)
+                        rest = len(rows)
+                    except RowsUnwritable as unwritable:
+                        rest = unwritable.start
                 for row in rows[rest:]:
                     # Envelope values are already driver-ready (UUID, aware datetimes, str,
                     # int, bool, None; JSON as text), so Django's per-field prep is skipped.
