@@ -56,6 +56,15 @@ class ClaimedTask(NamedTuple):
         """Whether this claim set ``started_at`` (the task never started before)."""
         return self.claimed_at is not None and self.started_at == self.claimed_at
 
+    @property
+    def lease(self) -> Lease:
+        return (self.id, self.lease_token)
+
+
+Lease = tuple[str, str]
+"""A held lease: (task id, lease token). A task can be claimed again after its lease was
+lost, so the id alone does not name one attempt."""
+
 
 # How a claim ended: what happened to one claimed task.
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection  # noqa: F401 (postgres_only's condition reads it)
+from django.db import connection
 from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus, task_backends
@@ -176,3 +176,86 @@ def test_second_signal_exits_at_once(start_worker, markers):
     assert worker.wait(timeout=10) == 1
     # The lease is left to expire; the reaper will hand the task to another worker.
     assert _row(result).status == TaskResultStatus.RUNNING
+
+
+def test_the_reaper_spares_the_leases_its_own_worker_holds():
+    """A worker's own leases, expired in a stall but still running or with their outcome
+    being written, are not its reaper's to return; and the spared ones do not take the
+    places of the others under the round's limit."""
+    backend = task_backends["default"]
+    mine_result, other_result = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    mine = claim_one("me", visibility_timeout=-1)
+    other = claim_one("dead", visibility_timeout=-1)
+    assert {mine.id, other.id} == {mine_result.id, other_result.id}
+    assert reap_expired(backend, timezone.now, limit=1, spare={mine.lease}) == 1
+    assert TaskRecord.objects.get(pk=mine.id).status == TaskResultStatus.RUNNING
+    assert TaskRecord.objects.get(pk=other.id).status == TaskResultStatus.READY
+    # The outcome the stall held up lands, fenced by its token as ever.
+    outcome = transition(mine, Succeeded(3), policy=backend.settings.retry, now=timezone.now())
+    assert apply_transition("default", mine, outcome) is True
+    assert TaskRecord.objects.get(pk=mine.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def _heartbeat(worker_id: str):  # type: ignore[no-untyped-def]
+    """A heartbeat for ``worker_id``, whose row exists, with a three-second lease: a round
+    a second, and half a second of slack."""
+    from django_tasks_plus.worker.heartbeat import Heartbeat
+
+    WorkerRecord.objects.create(
+        worker_id=worker_id, backend_name="default", hostname="h", pid=1, queues=[],
+        concurrency=1, started_at=timezone.now(), last_heartbeat_at=timezone.now(),
+        visibility_timeout=3,
+    )  # fmt: skip
+    return Heartbeat(
+        task_backends["default"],
+        worker_id=worker_id,
+        register=lambda at: pytest.fail("the row exists: nothing to register"),
+        leases=list,
+        on_lost=lambda lost: None,
+        clock=timezone.now,
+        visibility_timeout=3,
+    )
+
+
+def test_a_slow_start_returns_no_lease_and_defers_the_heartbeats_reaping():
+    """The worker's start took longer than the slack (its registration waited on a
+    stall): the reap before its first claim returns nothing, and its heartbeat's first
+    rounds leave the expired leases alone too, for a lease's time."""
+    result = tasks.add.enqueue(1, 2)
+    claim_one("holder", visibility_timeout=-1)
+    heartbeat = _heartbeat("slow-start")
+    try:
+        heartbeat.reap_at_start(time.monotonic() - 2.0)
+        assert heartbeat.gate.deferring
+        heartbeat.beat()
+        assert _row(result).status == TaskResultStatus.RUNNING
+        heartbeat.reap_at_start(time.monotonic())  # a prompt start does return it
+        assert _row(result).status == TaskResultStatus.READY
+    finally:
+        connection.close()  # the beat bounded this session's statements as a worker's
+
+
+def test_a_heartbeat_whose_first_round_waited_through_a_stall_defers_reaping():
+    """The heartbeat's first round waits for its turn on the session the worker's periodic
+    services share, held meanwhile (by a service stuck behind a stall, in the chaos run
+    the election on SQLite), for longer than an interval and its slack. That round was
+    held up like any later one: it leaves an expired lease alone, since its holder's
+    renewal waited on the same stall, and returns it only a lease's time later (before:
+    a first round had no time to be late against, and it took the live task)."""
+    from django_tasks_plus.worker.sessions import SharedSession
+
+    result = tasks.add.enqueue(1, 2)
+    claim_one("holder", visibility_timeout=-1)  # expired: the holder's renewal is held up
+    heartbeat = _heartbeat("late")
+    heartbeat.session = session = SharedSession("default", "periodic services")
+    try:
+        with session.turn():  # another service's turn, stuck behind the stall
+            heartbeat.start()
+            time.sleep(heartbeat.interval + heartbeat.gate.slack + 1.0)
+        wait_for(lambda: heartbeat.gate.deferring, timeout=5)
+        assert _row(result).status == TaskResultStatus.RUNNING
+        wait_for(lambda: _row(result).status == TaskResultStatus.READY, timeout=10)
+    finally:
+        heartbeat.stop()
+        heartbeat.join(10)
+        session.close()

@@ -91,10 +91,44 @@ def test_stalls_without_end_defer_at_most_so_long():
     first_stall_end = gate.slack + 1
     assert min(forced) >= first_stall_end + MAX_DEFERRAL * VISIBILITY - INTERVAL
     assert min(forced) - first_stall_end <= MAX_DEFERRAL * VISIBILITY + INTERVAL
-    calm = [_round(gate, at + INTERVAL * n) for n in range(5)]  # prompt rounds again
-    assert calm[0] is Verdict.REAP_DESPITE_STALLS  # within a lease of the last stall
-    assert calm[-1] is Verdict.REAP
+    last_stall_end = at - INTERVAL + gate.slack + 1
+    calm = [(at + INTERVAL * n, _round(gate, at + INTERVAL * n)) for n in range(5)]
+    # The stalls ended: prompt rounds defer again, for a lease's time since the last.
+    within_a_lease = [verdict for at, verdict in calm if at < last_stall_end + VISIBILITY]
+    assert within_a_lease and set(within_a_lease) == {Verdict.DEFER}
+    assert calm[-1][1] is Verdict.REAP
     assert not gate.deferring
+
+
+def test_a_stall_as_long_as_the_deferral_bound_still_gives_the_renewals_their_time():
+    """The stall lasted ``MAX_DEFERRAL`` leases and has ended: the first prompt round
+    after it does not reap (before: it reaped despite stalls, just as the renewals and
+    the outcome writes the stall had held up were landing, and a live task ran twice)."""
+    gate = _gate()
+    assert _round(gate, 0.0) is Verdict.REAP
+    at = INTERVAL
+    while at <= MAX_DEFERRAL * VISIBILITY:  # each round's step waits a whole interval
+        assert _round(gate, at, INTERVAL) is not Verdict.REAP
+        at += INTERVAL
+    stall_end = at  # when the last slow step ended
+    assert _round(gate, stall_end + 0.1) is Verdict.DEFER  # prompt: the stall is over
+    assert gate.verdict(stall_end + VISIBILITY - 0.1) is Verdict.DEFER
+    assert gate.verdict(stall_end + VISIBILITY) is Verdict.REAP
+
+
+def test_a_first_round_later_than_an_interval_after_the_start_was_held_up():
+    """The first round of a heartbeat that waited through a stall (its turn on the
+    session was held by a service stuck behind the stall) judges nothing before the
+    renewals the stall held up have had their time; an on-time first round reaps."""
+    gate = _gate()
+    gate.began(0.0)
+    late = INTERVAL + gate.slack + 1.0
+    assert _round(gate, late) is Verdict.DEFER
+    assert gate.verdict(late + VISIBILITY) is Verdict.REAP
+
+    on_time = _gate()
+    on_time.began(0.0)
+    assert _round(on_time, INTERVAL + gate.slack - 0.01) is Verdict.REAP
 
 
 def test_the_slack_can_be_given():

@@ -50,17 +50,15 @@ from ..db.store import (
 )
 from ..db.unpooled import guard_pooled_sessions, outside_the_pool
 from ..discovery import discover_task_modules
-from ..lifecycle import ClaimedTask, Released
+from ..lifecycle import ClaimedTask, Lease, Released
 from .config import WorkerConfig
 from .dbclock import DatabaseClock
 from .doers import Doer, make_doer
 from .execution import TaskRunner
-from .heartbeat import Heartbeat, Lease, heartbeat_interval
+from .heartbeat import Heartbeat
 from .leadership import LeaderElection
 from .outcome import outcome_for
 from .plugins import ServiceContext, plugged_services
-from .reaper import reap_expired
-from .reapgate import default_slack
 from .reporter import Reporter
 from .services import Service, Services, ServiceStartError
 from .sessions import SharedSession
@@ -353,22 +351,24 @@ class Worker:
             bound_seconds=config.visibility_timeout,
             outcome_writer=self.reporter,
         )
+        self.heartbeat = Heartbeat(
+            self.backend,
+            worker_id=config.worker_id,
+            register=self._register,
+            leases=self._lease_snapshot,
+            holding=self._held_leases,
+            on_lost=self._on_leases_lost,
+            clock=self.clock,
+            visibility_timeout=config.visibility_timeout,
+            sync_clock=self.database_clock.sync if self.database_clock is not None else None,
+            status=self._status,
+        )
         services: list[Service] = [
             # First, so they stop last: a final metrics flush follows the reporter's
             # last batch.
             *plugged_services(context),
             self.reporter,
-            Heartbeat(
-                self.backend,
-                worker_id=config.worker_id,
-                register=self._register,
-                leases=self._lease_snapshot,
-                on_lost=self._on_leases_lost,
-                clock=self.clock,
-                visibility_timeout=config.visibility_timeout,
-                sync_clock=self.database_clock.sync if self.database_clock is not None else None,
-                status=self._status,
-            ),
+            self.heartbeat,
         ]
         if self.listening:
             services.append(NotifyListener(self.database, config.queues, self.wakeup))
@@ -402,18 +402,11 @@ class Worker:
         )
 
     def _reap_at_start(self, starting: float) -> None:
-        """Return expired leases now, unless this worker's start (since ``starting``)
-        took longer than the heartbeat's slack: a stall that held up the start held up
-        the holders' renewals too, and the heartbeat reaps once they have had the time
-        (``reapgate``)."""
-        slack = default_slack(heartbeat_interval(self.config.visibility_timeout))
+        """Return expired leases before the first claim (``Heartbeat.reap_at_start``); a
+        failure here is the heartbeat's to retry, not fatal."""
         try:
             with self.claim_session.turn():
-                reap_expired(
-                    self.backend,
-                    self.clock,
-                    still_prompt=lambda: time.monotonic() - starting <= slack,
-                )
+                self.heartbeat.reap_at_start(starting)
         except DatabaseError as exc:
             logger.warning("Returning expired leases at start failed (%s); will retry.", exc)
         except Exception:
@@ -576,7 +569,7 @@ class Worker:
             )
             with self._leased_lock:
                 for task in claimed:
-                    self._leased[_lease(task)] = task
+                    self._leased[task.lease] = task
             with self._doers_lock:
                 group.doer.admit(claimed)
             self._claimed_total += len(claimed)
@@ -664,7 +657,7 @@ class Worker:
 
     def _on_written(self, task: ClaimedTask) -> None:
         """Reporter thread: the attempt's outcome is written (or refused); its lease is over."""
-        lease = _lease(task)
+        lease = task.lease
         with self._leased_lock:
             self._leased.pop(lease, None)
             self._settling.discard(lease)
@@ -681,11 +674,17 @@ class Worker:
 
     def _mark_settling(self, task: ClaimedTask) -> None:
         with self._leased_lock:
-            self._settling.add(_lease(task))
+            self._settling.add(task.lease)
 
     def _lease_snapshot(self) -> list[Lease]:
         with self._leased_lock:
             return [lease for lease in self._leased if lease not in self._settling]
+
+    def _held_leases(self) -> frozenset[Lease]:
+        """Every lease this worker holds, its settling ones too: its own reaper leaves them
+        alone, expired or not (it renews them, or writes their outcomes)."""
+        with self._leased_lock:
+            return frozenset(self._leased)
 
     def _on_leases_lost(self, lost: set[Lease]) -> None:
         with self._leased_lock:
@@ -712,7 +711,7 @@ class Worker:
         for task in unstarted:
             self._release(task)
             with self._leased_lock:
-                self._leased.pop(_lease(task), None)
+                self._leased.pop(task.lease, None)
         deadline = time.monotonic() + self.config.shutdown_timeout
         while True:
             if not self._leased or time.monotonic() >= deadline:
@@ -750,7 +749,3 @@ class Worker:
                 apply_outcome(self.database, task, outcome, skip_locked=True)
         except Exception as exc:
             logger.warning("Could not release task %s (%s); its lease will expire.", task.id, exc)
-
-
-def _lease(task: ClaimedTask) -> Lease:
-    return (task.id, task.lease_token)

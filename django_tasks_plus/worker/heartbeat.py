@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ from django.db import DatabaseError
 
 from ..db import worker_connection
 from ..db.store import WorkerStatus, heartbeat_worker, renew_leases
+from ..lifecycle import Lease
 from ..liveness import STALE_WORKER_FACTOR
 from .reaper import reap_expired
 from .reapgate import MAX_DEFERRAL, ReapGate, Verdict
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
     from ..backend import DatabaseBackend
 
 logger = logging.getLogger("django_tasks_plus.worker")
-
-Lease = tuple[str, str]
-"""A held lease: (task id, lease token). A task can be claimed again after its lease was
-lost, so the id alone does not name one attempt."""
 
 
 class Heartbeat(LoopService):
@@ -39,7 +36,9 @@ class Heartbeat(LoopService):
     process) this worker's own live leases are extended before any reaping is done; and
     a round that finds this worker held up (late, or a step slow or failed) leaves the
     other workers' leases alone for one visibility timeout, in which their renewals,
-    held up by the same stall, land (``reapgate``). Reaping runs on every worker, not
+    held up by the same stall, land (``reapgate``). A worker never reaps the leases it
+    holds (``holding``: the running ones and those whose outcomes are being written),
+    expired or not. Reaping runs on every worker, not
     only the leader: it is safe concurrently (each reap is fenced by the lease token)
     and a dead worker's tasks then come back within one heartbeat of a surviving
     worker, even while leadership is changing hands.
@@ -54,6 +53,7 @@ class Heartbeat(LoopService):
         worker_id: str,
         register: Callable[[datetime], None],
         leases: Callable[[], Iterable[Lease]],
+        holding: Callable[[], Collection[Lease]] = frozenset,
         on_lost: Callable[[set[Lease]], None],
         clock: Callable[[], datetime],
         visibility_timeout: float,
@@ -65,6 +65,7 @@ class Heartbeat(LoopService):
         self.worker_id = worker_id
         self.register = register
         self.leases = leases
+        self.holding = holding
         self.on_lost = on_lost
         self.clock = clock
         self.sync_clock = sync_clock
@@ -73,6 +74,12 @@ class Heartbeat(LoopService):
         self.interval = heartbeat_interval(visibility_timeout)
         self.gate = ReapGate(visibility_timeout, self.interval)
         self._deferral_told = False
+
+    def start(self) -> None:
+        # The first round's lateness counts from here: one that waited through a stall
+        # (for its turn on the session, say) knows it was held up, as later rounds do.
+        self.gate.began(time.monotonic())
+        super().start()
 
     def tick(self) -> None:
         self.beat()
@@ -122,20 +129,41 @@ class Heartbeat(LoopService):
                 self.visibility_timeout * MAX_DEFERRAL,
             )
         self._deferral_told = False
-        started = time.monotonic()
-
-        def still_prompt() -> bool:
-            if time.monotonic() - started <= self.gate.slack:
-                return True
-            self.gate.held_up(time.monotonic())  # the read waited: so did the renewals
-            return verdict is Verdict.REAP_DESPITE_STALLS
-
+        still_prompt = self._prompt_since(
+            time.monotonic(), despite_stalls=verdict is Verdict.REAP_DESPITE_STALLS
+        )
         # Timed like the other steps: a read of the expired leases that gave up (a lock
         # timeout behind a table lock) held up the holders' renewals as well.
         self._step(
             "Reaping expired leases",
-            lambda: reap_expired(self.backend, self.clock, still_prompt=still_prompt),
+            lambda: reap_expired(
+                self.backend, self.clock, still_prompt=still_prompt, spare=self.holding()
+            ),
         )
+
+    def reap_at_start(self, starting: float) -> None:
+        """Return expired leases before the first claim (it matters for ``--burst``),
+        unless the worker's start, since ``starting``, took longer than the slack: a
+        stall that held the start up held the holders' renewals up too, so the gate then
+        defers this heartbeat's reaping as well, until they have had a lease's time."""
+        still_prompt = self._prompt_since(starting, despite_stalls=False)
+        if not still_prompt():  # told the gate, expired leases or not
+            return
+        reap_expired(self.backend, self.clock, still_prompt=still_prompt, spare=self.holding())
+
+    def _prompt_since(self, since: float, *, despite_stalls: bool) -> Callable[[], bool]:
+        """``reap_expired``'s question once it has read the expired leases: were they read
+        within the slack of ``since``? If not, the read (or the start) waited, and so did
+        the holders' renewals: the gate hears of it, and the expired leases are settled
+        only if the gate had already given up deferring (``despite_stalls``)."""
+
+        def still_prompt() -> bool:
+            if time.monotonic() - since <= self.gate.slack:
+                return True
+            self.gate.held_up(time.monotonic())
+            return despite_stalls
+
+        return still_prompt
 
     def renew(self) -> None:
         """Extend this worker's leases (reporting those lost) and read the clock."""

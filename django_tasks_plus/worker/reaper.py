@@ -7,13 +7,15 @@ the database's clock, so a worker on a host whose clock runs ahead cannot take a
 task. Each write is fenced by the dead worker's token and by the lease still being
 expired, so two reapers, or a worker that wakes up late, cannot both win. A row another
 session holds locked is skipped, not waited for, and returned in a later round: one
-locked row never holds up the return of the others.
+locked row never holds up the return of the others. A worker never returns a lease it
+holds itself: it is alive, so it renews that lease or writes its outcome, whose write
+its own reaper must not race (after a stall, say, that outlasted the lease).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -24,7 +26,15 @@ from ..db.completions import apply_outcome
 from ..db.store import expired_tasks
 from ..definition import resolve_task
 from ..exceptions import LeaseExpired, TaskNotRegistered
-from ..lifecycle import Aborted, ClaimedTask, ClaimEnd, Failed, Transition, unstorable_outcome
+from ..lifecycle import (
+    Aborted,
+    ClaimedTask,
+    ClaimEnd,
+    Failed,
+    Lease,
+    Transition,
+    unstorable_outcome,
+)
 from .outcome import outcome_for
 
 if TYPE_CHECKING:
@@ -39,6 +49,7 @@ def reap_expired(
     limit: int = 100,
     *,
     still_prompt: Callable[[], bool] | None = None,
+    spare: Collection[Lease] = (),
 ) -> int:
     """Settle up to ``limit`` expired leases; return how many this call settled.
 
@@ -49,8 +60,12 @@ def reap_expired(
     ``still_prompt`` is asked once the expired leases are read: False (the read waited,
     for a table lock, say, as the holders' renewals did) settles none of them this time
     (see ``reapgate``).
+
+    ``spare``: the calling worker's own leases, never returned by it.
     """
-    expired = expired_tasks(backend.settings.database, backend.alias, limit)
+    # Read past the spared ones, so that they cannot take the others' places.
+    expired = expired_tasks(backend.settings.database, backend.alias, limit + len(spare))
+    expired = [claimed for claimed in expired if claimed.lease not in spare][:limit]
     if expired and still_prompt is not None and not still_prompt():
         return 0
     settled = 0

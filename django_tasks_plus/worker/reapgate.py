@@ -9,7 +9,12 @@ held up reaps again only one visibility timeout later: every live worker renews 
 three times in that while.
 
 A database where every round looks held up could otherwise never return a dead worker's
-tasks; past ``MAX_DEFERRAL`` visibility timeouts of deferring, reaping goes ahead anyway.
+tasks; past ``MAX_DEFERRAL`` visibility timeouts of deferring, a round that is itself held
+up reaps anyway. A prompt round never does: the stall has ended, and the renewals it held
+up get their lease's time, however long the stall was.
+
+A worker's first round is judged from when its upkeep began (``began``): a first round
+that waited through a stall was held up like any later one.
 
 Pure logic: the heartbeat reports its rounds and steps in monotonic seconds.
 """
@@ -50,10 +55,16 @@ class ReapGate:
         self._reap_from: float | None = None
         self._deferring_since: float | None = None
         self._last_round_end: float | None = None
+        self._held_this_round = False
+
+    def began(self, now: float) -> None:
+        """The upkeep begins: the first round is due one interval from ``now``."""
+        self._last_round_end = now
 
     def round_started(self, now: float) -> None:
         """A round begins: a late one means this worker was held up (paused, or waiting
         for its session) since the last round ended."""
+        self._held_this_round = False
         last = self._last_round_end
         if last is not None and now - last > self.interval + self.slack:
             self.held_up(now)
@@ -66,6 +77,7 @@ class ReapGate:
     def held_up(self, now: float) -> None:
         """This worker was held up until ``now``: give the others a lease's time."""
         self._reap_from = now + self.visibility_timeout
+        self._held_this_round = True
         if self._deferring_since is None:
             self._deferring_since = now
 
@@ -78,7 +90,8 @@ class ReapGate:
             self._reap_from = self._deferring_since = None
             return Verdict.REAP
         assert self._deferring_since is not None
-        if now - self._deferring_since >= MAX_DEFERRAL * self.visibility_timeout:
+        stalled_for = now - self._deferring_since
+        if self._held_this_round and stalled_for >= MAX_DEFERRAL * self.visibility_timeout:
             return Verdict.REAP_DESPITE_STALLS
         return Verdict.DEFER
 
