@@ -320,6 +320,8 @@ def drain(args: argparse.Namespace) -> dict[str, Any]:
     command = runtasks_command(*_worker_options(args))
     if args.profile:
         spy = [args.pyspy, "record", "--format", "raw", "--subprocesses", "--nolineno"]
+        if args.profile_gil:  # only the thread holding the GIL: CPU, not lock waits
+            spy.append("--gil")
         command = [*spy, "--rate", "250", "--output", args.profile, "--", *command]
     wall, usage = _run_burst(command, measure_rss=not args.profile)
     for key, count in vacuum_counts().items():  # autovacuum's runs while the queue drained
@@ -434,6 +436,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="latency enqueues per second")
     parser.add_argument("--profile", help="write a py-spy raw profile of the drain here")
     parser.add_argument("--pyspy", default="py-spy")
+    parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="profile only the thread holding the GIL (py-spy --gil): what burns the "
+        "CPU, leaving out the threads that wait on a lock, a queue or a socket",
+    )
     args = parser.parse_args()
     result = WORKLOADS[args.workload](args)
     result["pid"] = os.getpid()
