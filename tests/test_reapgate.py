@@ -75,6 +75,16 @@ def test_each_new_stall_restarts_the_wait():
     assert gate.verdict(20.0 + VISIBILITY) is Verdict.REAP
 
 
+def test_a_stall_reported_late_does_not_shorten_the_wait():
+    """The worker's main thread reports its slow start after the heartbeat's thread has
+    reported a later stall: the later end still counts."""
+    gate = _gate()
+    gate.held_up(20.0)
+    gate.held_up(5.0)  # reported afterwards, ended earlier
+    assert gate.verdict(5.0 + VISIBILITY) is Verdict.DEFER
+    assert gate.verdict(20.0 + VISIBILITY) is Verdict.REAP
+
+
 def test_stalls_without_end_defer_at_most_so_long():
     """Every round held up: after ``MAX_DEFERRAL`` visibility timeouts the reaper goes
     ahead anyway, and keeps going while the stalls last; one calm lease's time later it

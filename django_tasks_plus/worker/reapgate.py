@@ -21,6 +21,7 @@ Pure logic: the heartbeat reports its rounds and steps in monotonic seconds.
 
 from __future__ import annotations
 
+import threading
 from enum import Enum
 
 MAX_DEFERRAL = 3
@@ -44,6 +45,9 @@ class ReapGate:
 
     ``slack``: a step slower than this, or a gap between rounds longer than the interval
     by this, counts as being held up (``default_slack``: half the heartbeat interval).
+
+    Thread-safe: the heartbeat's thread reports its rounds, and the worker's main thread
+    reports a slow start (``Heartbeat.reap_at_start``) while those rounds may be running.
     """
 
     def __init__(
@@ -56,44 +60,54 @@ class ReapGate:
         self._deferring_since: float | None = None
         self._last_round_end: float | None = None
         self._held_this_round = False
+        self._lock = threading.RLock()
 
     def began(self, now: float) -> None:
         """The upkeep begins: the first round is due one interval from ``now``."""
-        self._last_round_end = now
+        with self._lock:
+            self._last_round_end = now
 
     def round_started(self, now: float) -> None:
         """A round begins: a late one means this worker was held up (paused, or waiting
         for its session) since the last round ended."""
-        self._held_this_round = False
-        last = self._last_round_end
-        if last is not None and now - last > self.interval + self.slack:
-            self.held_up(now)
+        with self._lock:
+            self._held_this_round = False
+            last = self._last_round_end
+            if last is not None and now - last > self.interval + self.slack:
+                self.held_up(now)
 
     def step(self, started: float, ended: float, *, succeeded: bool) -> None:
         """One database step of the round: a failed or slow one means a stall."""
-        if not succeeded or ended - started > self.slack:
-            self.held_up(ended)
+        with self._lock:
+            if not succeeded or ended - started > self.slack:
+                self.held_up(ended)
 
     def held_up(self, now: float) -> None:
         """This worker was held up until ``now``: give the others a lease's time."""
-        self._reap_from = now + self.visibility_timeout
-        self._held_this_round = True
-        if self._deferring_since is None:
-            self._deferring_since = now
+        with self._lock:
+            # The latest end wins: the main thread may report an earlier one late.
+            reap_from = now + self.visibility_timeout
+            if self._reap_from is None or reap_from > self._reap_from:
+                self._reap_from = reap_from
+            self._held_this_round = True
+            if self._deferring_since is None:
+                self._deferring_since = now
 
     def round_ended(self, now: float) -> None:
-        self._last_round_end = now
+        with self._lock:
+            self._last_round_end = now
 
     def verdict(self, now: float) -> Verdict:
         """Whether this round may return other workers' expired leases."""
-        if self._reap_from is None or now >= self._reap_from:
-            self._reap_from = self._deferring_since = None
-            return Verdict.REAP
-        assert self._deferring_since is not None
-        stalled_for = now - self._deferring_since
-        if self._held_this_round and stalled_for >= MAX_DEFERRAL * self.visibility_timeout:
-            return Verdict.REAP_DESPITE_STALLS
-        return Verdict.DEFER
+        with self._lock:
+            if self._reap_from is None or now >= self._reap_from:
+                self._reap_from = self._deferring_since = None
+                return Verdict.REAP
+            assert self._deferring_since is not None
+            stalled_for = now - self._deferring_since
+            if self._held_this_round and stalled_for >= MAX_DEFERRAL * self.visibility_timeout:
+                return Verdict.REAP_DESPITE_STALLS
+            return Verdict.DEFER
 
     @property
     def deferring(self) -> bool:
