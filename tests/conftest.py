@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -182,6 +183,31 @@ def idle_claim_parameters(visibility_timeout: float = 300.0) -> list[Any]:
         visibility_timeout=visibility_timeout,
         worker_id="worker",
     )
+
+
+def worker_row(
+    worker_id: str = "w-1", *, silent_for: timedelta = timedelta(0), **fields: Any
+) -> Any:
+    """A worker's row as ``runtasks`` registers it, whose last heartbeat came
+    ``silent_for`` ago (and which started then too); ``fields`` set any other column.
+
+    For the states a test cannot wait for cheaply: a worker long silent, a leader gone.
+    """
+    from django.utils import timezone
+
+    from django_tasks_plus.models import WorkerRecord
+
+    beat = timezone.now() - silent_for
+    values: dict[str, Any] = {
+        "backend_name": "default",
+        "hostname": "h",
+        "pid": 1,
+        "queues": ["default"],
+        "concurrency": 1,
+        "started_at": beat,
+        "last_heartbeat_at": beat,
+    }
+    return WorkerRecord.objects.create(worker_id=worker_id, **{**values, **fields})
 
 
 # A PostgreSQL URL nothing listens on (port 1): psycopg is installed in every test

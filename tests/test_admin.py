@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from tests import tasks
-from tests.conftest import admin_client_for
+from tests.conftest import admin_client_for, worker_row
 
 pytestmark = pytest.mark.django_db
 
@@ -95,15 +95,7 @@ PAGE_MATRIX = {
 def test_page_permission_matrix(role, django_user_model):
     client = make_client(role, django_user_model)
     record = failed_record()
-    worker = WorkerRecord.objects.create(
-        worker_id="w-1",
-        backend_name="default",
-        hostname="h",
-        pid=1,
-        concurrency=1,
-        started_at=timezone.now(),
-        last_heartbeat_at=timezone.now(),
-    )
+    worker = worker_row("w-1")
     seen = {}
     for page, url in _pages().items():
         response = client.get(url(record, worker))

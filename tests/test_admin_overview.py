@@ -17,8 +17,9 @@ from django_tasks_plus import circuits, metrics
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db.metrics import add_metrics, roll_up_minutes
 from django_tasks_plus.metrics.catalog import ALL_TIME
-from django_tasks_plus.models import TaskRecord, WorkerRecord
+from django_tasks_plus.models import TaskRecord
 from tests import tasks
+from tests.conftest import worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,16 +78,11 @@ def test_overview_with_a_real_worker_run(admin_client, run_worker):
     assert run_worker("--burst", "--queue", "default").returncode == 0
     metrics.flush()  # this process's enqueue counts
     circuits.force_open("api.example.com", name="http")
-    now = timezone.now()
-    WorkerRecord.objects.create(
-        worker_id="gone:1:x",
-        backend_name="default",
+    worker_row(
+        "gone:1:x",
+        silent_for=timedelta(minutes=30),
         hostname="gone",
-        pid=1,
-        queues=["default"],
-        concurrency=1,
-        started_at=now - timedelta(hours=1),
-        last_heartbeat_at=now - timedelta(minutes=30),
+        started_at=timezone.now() - timedelta(hours=1),
     )
 
     response = overview(admin_client)

@@ -27,7 +27,7 @@ from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.durations import duration
 from django_tasks_plus.models import BreakerRecord, TaskRecord, WorkerRecord
 from tests import tasks
-from tests.conftest import admin_client_for, wait_for
+from tests.conftest import admin_client_for, wait_for, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,17 +87,15 @@ def dead_row(**extra) -> TaskRecord:
     return TaskRecord.objects.create(**values)
 
 
-def worker_row(worker_id: str = "w-1", *, silent_for: float = 0) -> WorkerRecord:
-    now = timezone.now()
-    return WorkerRecord.objects.create(
-        worker_id=worker_id,
-        backend_name="default",
+def admin_worker_row(worker_id: str = "w-1", *, silent_for: float = 0) -> WorkerRecord:
+    return worker_row(
+        worker_id,
+        silent_for=timedelta(seconds=silent_for),
         hostname="host-a",
         pid=4242,
         queues=["default", "emails"],
         concurrency=4,
-        started_at=now - timedelta(seconds=silent_for + 60),
-        last_heartbeat_at=now - timedelta(seconds=silent_for),
+        started_at=timezone.now() - timedelta(seconds=silent_for + 60),
     )
 
 
@@ -275,8 +273,8 @@ def test_a_killed_worker_shows_stale_within_a_visibility_timeout(
 
 
 def test_workers_page_shows_in_flight_and_heartbeat_age(admin_client):
-    worker_row("w-live")
-    worker_row("w-dead", silent_for=600)
+    admin_worker_row("w-live")
+    admin_worker_row("w-dead", silent_for=600)
     now = timezone.now()
     for n in range(2):
         TaskRecord.objects.create(
@@ -507,7 +505,7 @@ PAGE_MATRIX = {
 @pytest.mark.parametrize("role", ROLES)
 def test_page_permission_matrix(role, django_user_model):
     client = make_client(role, django_user_model)
-    task, worker, breaker = dead_row(), worker_row(), breaker_row()
+    task, worker, breaker = dead_row(), admin_worker_row(), breaker_row()
     seen = {
         page: outcome_of(client.get(link(task, worker, breaker))) for page, link in PAGES.items()
     }
@@ -718,7 +716,7 @@ def test_the_list_shows_a_long_path_short_with_the_whole_path_on_hover(admin_cli
 
 def test_the_backend_column_shows_only_with_several_backends(admin_client):
     breaker_row()
-    worker_row()
+    admin_worker_row()
     for name in ("breakerrecord_changelist", "workerrecord_changelist"):
         page = admin_client.get(url(name)).content.decode()
         assert "column-backend_name" not in page, name

@@ -43,6 +43,7 @@ from django_tasks_plus.metrics.catalog import BUCKET_NAMES, sum_name
 from django_tasks_plus.models import MetricRecord, TaskRecord
 from django_tasks_plus.schedules import Every, api
 from tests import tasks
+from tests.conftest import worker_row
 
 CHROMIUM = Path("/usr/bin/chromium")
 playwright_sync = pytest.importorskip(
@@ -429,7 +430,7 @@ def seed_every_state(run_worker: Any) -> dict[str, Any]:
     path and a long error, a live and a stale worker, an open circuit and two schedules;
     the ids of the pages that show them."""
     from django_tasks_plus.breaker import scoped_key
-    from django_tasks_plus.models import BreakerRecord, ScheduleRecord, WorkerRecord
+    from django_tasks_plus.models import BreakerRecord, ScheduleRecord
 
     now = timezone.now()
     seed_history(now)
@@ -463,9 +464,8 @@ def seed_every_state(run_worker: Any) -> dict[str, Any]:
         task_path=LONG_PATH,
     )
     for worker_id, beat in (("web-1:4242:live", now), ("web-2:77:stale", now - timedelta(hours=1))):
-        WorkerRecord.objects.create(
-            worker_id=worker_id,
-            backend_name="default",
+        worker_row(
+            worker_id,
             hostname=worker_id.split(":")[0] + ".prod.example.com",
             pid=int(worker_id.split(":")[1]),
             queues=["default", "emails", "other"],

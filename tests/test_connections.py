@@ -21,7 +21,7 @@ from django_tasks_plus.db.unpooled import guard_pooled_sessions, is_pooled, outs
 from django_tasks_plus.metrics.catalog import ALL_TIME
 from django_tasks_plus.models import MetricRecord, WorkerRecord
 from tests import tasks
-from tests.conftest import REPO, wait_for, worker_log
+from tests.conftest import REPO, wait_for, worker_log, worker_row
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -216,15 +216,7 @@ def test_the_installation_docs_give_each_worker_s_session_count(start_worker):
 
     now = timezone.now()
     # Evidence that each pruner ran: a dead worker's row and a metric past retention.
-    WorkerRecord.objects.create(
-        worker_id="count-dead",
-        backend_name="default",
-        hostname="gone",
-        pid=1,
-        concurrency=1,
-        started_at=now - timedelta(days=1),
-        last_heartbeat_at=now - timedelta(days=1),
-    )
+    worker_row("count-dead", silent_for=timedelta(days=1), hostname="gone")
     MetricRecord.objects.create(
         backend_name="default",
         minute=now - timedelta(days=30),

@@ -17,7 +17,7 @@ from django_tasks_plus.lifecycle import Succeeded, transition
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from django_tasks_plus.worker.reaper import reap_expired
 from tests import tasks
-from tests.conftest import claim_one, postgres_only, wait_for, worker_log
+from tests.conftest import claim_one, postgres_only, wait_for, worker_log, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -201,11 +201,7 @@ def _heartbeat(worker_id: str):  # type: ignore[no-untyped-def]
     a second, and half a second of slack."""
     from django_tasks_plus.worker.heartbeat import Heartbeat
 
-    WorkerRecord.objects.create(
-        worker_id=worker_id, backend_name="default", hostname="h", pid=1, queues=[],
-        concurrency=1, started_at=timezone.now(), last_heartbeat_at=timezone.now(),
-        visibility_timeout=3,
-    )  # fmt: skip
+    worker_row(worker_id, queues=[], visibility_timeout=3)
     return Heartbeat(
         task_backends["default"],
         worker_id=worker_id,

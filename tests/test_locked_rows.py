@@ -29,7 +29,7 @@ from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.reaper import reap_expired
 from django_tasks_plus.worker.reporter import Reporter
 from tests import tasks
-from tests.conftest import claim_one, postgres_only
+from tests.conftest import claim_one, postgres_only, worker_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
@@ -308,13 +308,7 @@ def worker_row_locked(worker_id: str) -> Iterator[psycopg.Connection]:
 
 
 def _worker_row(worker_id: str, silent_for: timedelta = timedelta(0)) -> None:
-    from django_tasks_plus.models import WorkerRecord
-
-    beat = timezone.now() - silent_for
-    WorkerRecord.objects.create(
-        worker_id=worker_id, backend_name="default", hostname="h", pid=1, queues=[],
-        concurrency=1, started_at=beat, last_heartbeat_at=beat, visibility_timeout=1,
-    )  # fmt: skip
+    worker_row(worker_id, silent_for=silent_for, queues=[], visibility_timeout=1)
 
 
 def test_a_locked_worker_row_costs_the_heartbeat_a_second_and_no_reaping(caplog):

@@ -34,7 +34,7 @@ from django_tasks_plus.models import (
 )
 from django_tasks_plus.worker.pruner import Pruner, Sweep, sweeps_for
 from tests import tasks
-from tests.conftest import wait_for
+from tests.conftest import wait_for, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -326,15 +326,10 @@ def test_a_sweep_resumes_where_the_round_s_time_ran_out():
 def test_the_leader_worker_prunes_on_its_own(start_worker):
     """A real worker becomes leader and its pruner forgets dead workers and deletes
     finished tasks past retention at once; a follower runs no pruner."""
-    now = timezone.now()
     old = [_task(SUCCESSFUL, timedelta(days=8)) for _ in range(3)]
     old_failed = _task(FAILED, timedelta(days=31))
     young = _task(SUCCESSFUL, timedelta(hours=1))
-    WorkerRecord.objects.create(
-        worker_id="long-dead", backend_name="default", hostname="gone", pid=1,
-        concurrency=1, started_at=now - timedelta(days=1),
-        last_heartbeat_at=now - timedelta(days=1),
-    )  # fmt: skip
+    worker_row("long-dead", silent_for=timedelta(days=1), hostname="gone")
     start_worker("--worker-id", "pruning-leader", "--visibility-timeout", "3", "--queue", "other")
     wait_for(lambda: current_leader("default", "default") == "pruning-leader", timeout=60)
     wait_for(lambda: not TaskRecord.objects.filter(pk__in=[*old, old_failed]).exists())

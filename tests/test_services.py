@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from django_tasks_plus.compat import TaskResultStatus
 from django_tasks_plus.db.leadership import current_leader
@@ -31,7 +30,7 @@ from django_tasks_plus.worker.services import (
     ThreadService,
 )
 from tests import tasks
-from tests.conftest import wait_for, worker_log
+from tests.conftest import wait_for, worker_log, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -211,17 +210,7 @@ def test_exactly_one_worker_leads_and_another_takes_over_when_it_is_killed(start
     assert current_leader("default", "default") == ids[leader]
 
     # Only the leader prunes dead worker rows.
-    silent_since = timezone.now() - timedelta(hours=1)
-    WorkerRecord.objects.create(
-        worker_id="long-dead",
-        backend_name="default",
-        hostname="gone",
-        pid=1,
-        queues=["default"],
-        concurrency=1,
-        started_at=silent_since,
-        last_heartbeat_at=silent_since,
-    )
+    worker_row("long-dead", silent_for=timedelta(hours=1), hostname="gone")
     wait_for(lambda: not WorkerRecord.objects.filter(worker_id="long-dead").exists(), timeout=15)
 
     follower = 1 - leader

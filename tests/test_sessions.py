@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, OperationalError, connection, connections, transaction
-from django.utils import timezone
 
 from django_tasks_plus.db import dialect_for
 from django_tasks_plus.models import WorkerRecord
 from django_tasks_plus.worker.services import LoopService, Services
 from django_tasks_plus.worker.sessions import SharedSession
-from tests.conftest import postgres_only, wait_for
+from tests.conftest import postgres_only, wait_for, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,15 +79,7 @@ def test_a_transaction_left_open_in_a_turn_is_rolled_back_before_the_next(sessio
     not hand it to the next turn: its write is rolled back and the session replaced."""
     with session.turn():
         transaction.atomic().__enter__()
-        WorkerRecord.objects.create(
-            worker_id="leaked",
-            backend_name="default",
-            hostname="h",
-            pid=1,
-            concurrency=1,
-            started_at=timezone.now(),
-            last_heartbeat_at=timezone.now(),
-        )
+        worker_row("leaked")
     with session.turn() as shared:
         assert not shared.in_atomic_block
         assert dialect_for(shared).driver_state(_connected(shared)).in_transaction is False

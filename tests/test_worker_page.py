@@ -18,7 +18,7 @@ from django_tasks_plus.db.leadership import current_leader
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from django_tasks_plus.worker.tally import OutcomeTally, counts_of
 from tests import tasks
-from tests.conftest import wait_for
+from tests.conftest import wait_for, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -151,15 +151,12 @@ def test_exactly_one_of_two_workers_is_shown_leading_and_the_other_takes_over(
 def test_a_silent_leader_is_shown_as_of_its_last_heartbeat(admin_client):
     """A state a test cannot wait for cheaply: a leader's row, silent for ten minutes."""
     now = timezone.now()
-    WorkerRecord.objects.create(
-        worker_id="gone-leader",
-        backend_name="default",
-        hostname="h",
-        pid=1,
+    worker_row(
+        "gone-leader",
+        silent_for=timedelta(minutes=10),
         queues=[],
         concurrency=2,
         started_at=now - timedelta(hours=3),
-        last_heartbeat_at=now - timedelta(minutes=10),
         leader_since=now - timedelta(hours=2),
         tasks_processed=12345,
     )
@@ -182,10 +179,7 @@ def test_the_heartbeat_writes_the_counts_and_leadership_in_its_one_update():
     from django_tasks_plus.worker.heartbeat import Heartbeat
 
     now = timezone.now()
-    WorkerRecord.objects.create(
-        worker_id="beating", backend_name="default", hostname="h", pid=1, queues=[],
-        concurrency=1, started_at=now, last_heartbeat_at=now,
-    )  # fmt: skip
+    worker_row("beating", queues=[])
     heartbeat = Heartbeat(
         task_backends["default"],
         worker_id="beating",

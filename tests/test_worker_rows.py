@@ -18,23 +18,14 @@ from django_tasks_plus.db.leadership import current_leader
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from django_tasks_plus.worker.pruner import Pruner
 from tests import tasks
-from tests.conftest import wait_for, worker_log
+from tests.conftest import wait_for, worker_log, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _row(worker_id: str, *, silent_for: float, visibility_timeout: float) -> WorkerRecord:
-    beat = timezone.now() - timedelta(seconds=silent_for)
-    return WorkerRecord.objects.create(
-        worker_id=worker_id,
-        backend_name="default",
-        hostname="h",
-        pid=1,
-        queues=["default"],
-        concurrency=1,
-        started_at=beat,
-        last_heartbeat_at=beat,
-        visibility_timeout=visibility_timeout,
+    return worker_row(
+        worker_id, silent_for=timedelta(seconds=silent_for), visibility_timeout=visibility_timeout
     )
 
 
