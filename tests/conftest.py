@@ -10,12 +10,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pytest
 from django.db import connection
 from django.test import Client
+
+if TYPE_CHECKING:
+    from django_tasks_plus.models import WorkerRecord
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -187,7 +190,7 @@ def idle_claim_parameters(visibility_timeout: float = 300.0) -> list[Any]:
 
 def worker_row(
     worker_id: str = "w-1", *, silent_for: timedelta = timedelta(0), **fields: Any
-) -> Any:
+) -> WorkerRecord:
     """A worker's row as ``runtasks`` registers it, whose last heartbeat came
     ``silent_for`` ago (and which started then too); ``fields`` set any other column.
 
