@@ -19,6 +19,7 @@ from django.test import Client
 
 if TYPE_CHECKING:
     from django_tasks_plus.models import WorkerRecord
+    from django_tasks_plus.worker.heartbeat import Heartbeat
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -211,6 +212,27 @@ def worker_row(
         "last_heartbeat_at": beat,
     }
     return WorkerRecord.objects.create(worker_id=worker_id, **{**values, **fields})
+
+
+def heartbeat_of(worker_id: str, *, visibility_timeout: float, **options: Any) -> Heartbeat:
+    """The default backend's ``Heartbeat`` for ``worker_id``, whose row the test made
+    (``worker_row``): it holds no leases, loses none, and reads the host's clock;
+    ``options`` pass the heartbeat's other keywords (``status=``, ``holding=``)."""
+    from django.utils import timezone
+
+    from django_tasks_plus.compat import task_backends
+    from django_tasks_plus.worker.heartbeat import Heartbeat
+
+    return Heartbeat(
+        task_backends["default"],
+        worker_id=worker_id,
+        register=lambda at: pytest.fail("the row exists: nothing to register"),
+        leases=list,
+        on_lost=lambda lost: None,
+        clock=timezone.now,
+        visibility_timeout=visibility_timeout,
+        **options,
+    )
 
 
 # A PostgreSQL URL nothing listens on (port 1): psycopg is installed in every test

@@ -15,9 +15,10 @@ from django_tasks_plus.compat import TaskResultStatus, task_backends
 from django_tasks_plus.db.store import apply_transition, renew_leases
 from django_tasks_plus.lifecycle import Succeeded, transition
 from django_tasks_plus.models import TaskRecord, WorkerRecord
+from django_tasks_plus.worker.heartbeat import Heartbeat
 from django_tasks_plus.worker.reaper import reap_expired
 from tests import tasks
-from tests.conftest import claim_one, postgres_only, wait_for, worker_log, worker_row
+from tests.conftest import claim_one, heartbeat_of, postgres_only, wait_for, worker_log, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,21 +197,11 @@ def test_the_reaper_spares_the_leases_its_own_worker_holds():
     assert TaskRecord.objects.get(pk=mine.id).status == TaskResultStatus.SUCCESSFUL
 
 
-def _heartbeat(worker_id: str):  # type: ignore[no-untyped-def]
-    """A heartbeat for ``worker_id``, whose row exists, with a three-second lease: a round
-    a second, and half a second of slack."""
-    from django_tasks_plus.worker.heartbeat import Heartbeat
-
+def _heartbeat(worker_id: str) -> Heartbeat:
+    """A new worker row ``worker_id`` and its heartbeat, with a three-second lease: a
+    round a second, and half a second of slack."""
     worker_row(worker_id, queues=[], visibility_timeout=3)
-    return Heartbeat(
-        task_backends["default"],
-        worker_id=worker_id,
-        register=lambda at: pytest.fail("the row exists: nothing to register"),
-        leases=list,
-        on_lost=lambda lost: None,
-        clock=timezone.now,
-        visibility_timeout=3,
-    )
+    return heartbeat_of(worker_id, visibility_timeout=3)
 
 
 def test_a_slow_start_returns_no_lease_and_defers_the_heartbeats_reaping():

@@ -29,7 +29,7 @@ from django_tasks_plus.models import TaskRecord
 from django_tasks_plus.worker.reaper import reap_expired
 from django_tasks_plus.worker.reporter import Reporter
 from tests import tasks
-from tests.conftest import claim_one, postgres_only, worker_row
+from tests.conftest import claim_one, heartbeat_of, postgres_only, worker_row
 
 pytestmark = [pytest.mark.django_db(transaction=True), postgres_only]
 
@@ -317,20 +317,12 @@ def test_a_locked_worker_row_costs_the_heartbeat_a_second_and_no_reaping(caplog)
     lease), and the round still returns a dead worker's expired lease."""
     from django_tasks_plus.db.store import WORKER_ROW_LOCK_WAIT
     from django_tasks_plus.models import WorkerRecord
-    from django_tasks_plus.worker.heartbeat import Heartbeat
 
     _worker_row("beating")
     beaten = WorkerRecord.objects.get(worker_id="beating").last_heartbeat_at
     [expired] = _claimed(1, visibility_timeout=-1)  # a dead worker's lease
-    heartbeat = Heartbeat(
-        task_backends["default"],
-        worker_id="beating",
-        register=lambda at: pytest.fail("the row exists: nothing to register"),
-        leases=list,
-        on_lost=lambda lost: None,
-        clock=timezone.now,
-        visibility_timeout=30,  # the session's lock timeout: 10 s
-    )
+    # The session's lock timeout: a third of the lease, 10 s.
+    heartbeat = heartbeat_of("beating", visibility_timeout=30)
     try:
         with worker_row_locked("beating"):
             began = time.monotonic()

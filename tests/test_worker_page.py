@@ -18,7 +18,7 @@ from django_tasks_plus.db.leadership import current_leader
 from django_tasks_plus.models import TaskRecord, WorkerRecord
 from django_tasks_plus.worker.tally import OutcomeTally, counts_of
 from tests import tasks
-from tests.conftest import wait_for, worker_row
+from tests.conftest import heartbeat_of, wait_for, worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,19 +174,12 @@ def test_the_heartbeat_writes_the_counts_and_leadership_in_its_one_update():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_tasks_plus.compat import task_backends
     from django_tasks_plus.db.store import WorkerStatus
-    from django_tasks_plus.worker.heartbeat import Heartbeat
 
     now = timezone.now()
     worker_row("beating", queues=[])
-    heartbeat = Heartbeat(
-        task_backends["default"],
-        worker_id="beating",
-        register=lambda at: pytest.fail("the row exists: nothing to register"),
-        leases=list,
-        on_lost=lambda lost: None,
-        clock=timezone.now,
+    heartbeat = heartbeat_of(
+        "beating",
         visibility_timeout=30,
         status=lambda: WorkerStatus(tasks_processed=5, tasks_failed=2, leader_since=now),
     )
