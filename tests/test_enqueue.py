@@ -236,7 +236,7 @@ def test_a_result_built_slot_by_slot_equals_the_one_django_builds(errors, worker
     type, the ``TaskResult`` Django's constructor builds from the same values."""
     import dataclasses
 
-    from django_tasks_plus.results import _result_setters, make_result, task_errors
+    from django_tasks_plus.results import _result_builder, make_result, task_errors
 
     now = timezone.now()
     values = {
@@ -260,7 +260,7 @@ def test_a_result_built_slot_by_slot_equals_the_one_django_builds(errors, worker
         worker_ids=list(worker_ids),
     )
     object.__setattr__(django, "_return_value", return_value)
-    assert _result_setters(compat.TaskResult) is not None  # the slot road was taken
+    assert _result_builder(compat.TaskResult) is not None  # the slot road was taken
     for field in dataclasses.fields(django):
         mine, theirs = getattr(ours, field.name), getattr(django, field.name)
         assert (mine, type(mine)) == (theirs, type(theirs)), field.name

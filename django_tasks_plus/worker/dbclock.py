@@ -37,7 +37,10 @@ class DatabaseClock:
         self._zone = UTC if settings.USE_TZ else None
 
     def __call__(self) -> datetime:
-        return self._host_now() + self.offset
+        # Read three times an attempt: an offset below NOTEWORTHY_SKEW is zero, and adding
+        # a zero timedelta (a new datetime) is skipped.
+        now = datetime.fromtimestamp(time.time(), self._zone)
+        return now + self.offset if self.offset else now
 
     def _host_now(self) -> datetime:
         """The host's time as ``timezone.now()`` gives it, read through ``time.time()``:
