@@ -37,9 +37,9 @@ class DatabaseClock:
         self._zone = UTC if settings.USE_TZ else None
 
     def __call__(self) -> datetime:
-        # Read three times an attempt: an offset below NOTEWORTHY_SKEW is zero, and adding
-        # a zero timedelta (a new datetime) is skipped.
-        now = datetime.fromtimestamp(time.time(), self._zone)
+        # Read twice an attempt: an offset below NOTEWORTHY_SKEW is zero, and adding a zero
+        # timedelta (a new datetime) is skipped.
+        now = self._host_now()
         return now + self.offset if self.offset else now
 
     def _host_now(self) -> datetime:
