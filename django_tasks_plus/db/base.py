@@ -419,6 +419,16 @@ class Dialect(ABC):
         notifications are transactional); without notifications workers poll: nothing."""
         return None
 
+    def gather_first_statistics(
+        self, connection: BaseDatabaseWrapper, min_rows: int, seconds: float
+    ) -> str:
+        """Give the task table its first planner statistics if it has none and holds at
+        least ``min_rows`` rows, taking at most ``seconds`` (the leader's pruner asks):
+        ``"gathered"``, ``"present"`` (nothing to do), ``"too few rows"``,
+        ``"refused"`` (the database user may not analyze the table), or
+        ``"unsupported"`` where this dialect does not (the default)."""
+        return "unsupported"
+
     # -- the driver's own view of a connection (attribute reads, never a query) ---------
 
     def driver_state(self, raw: Any) -> DriverState | None:

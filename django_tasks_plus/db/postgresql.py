@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from django.db import OperationalError
+from django.db import OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..extensions import claim_conditions
@@ -270,6 +270,22 @@ RESTORE_LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
 # does (until the transaction ends: its caller owns it), in the same round trip: the
 # bound is set when the row is produced, before the insert meets another transaction's
 # uncommitted key. Parameters: INSERT_DEDUP_KEY's, then the bound in milliseconds twice.
+# Whether the task table (%s, as regclass text) has no planner statistics yet and holds
+# at least %s rows. pg_stats shows a column's statistics to whoever may read the column;
+# the activity counters (n_live_tup) count rows without reading them. Nothing for a
+# table that does not exist (to_regclass: NULL).
+TASK_TABLE_LACKS_STATISTICS = """
+    SELECT NOT EXISTS (
+               SELECT 1 FROM pg_stats s
+               WHERE s.schemaname = n.nspname AND s.tablename = c.relname
+           ),
+           coalesce(a.n_live_tup, 0) >= %s
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_stat_user_tables a ON a.relid = c.oid
+    WHERE c.oid = to_regclass(%s)
+"""
+
 INSERT_DEDUP_KEY_BOUNDED = """
     INSERT INTO django_tasks_plus_dedupkey
         (backend_name, "key", task_ids, expires_at, until_finished, created_at)
@@ -494,6 +510,36 @@ class PostgreSQLDialect(Dialect):
             return _readable(raw.fileno())
         except Exception:  # no socket any more (the driver closed it): it is gone
             return True
+
+    def gather_first_statistics(
+        self, connection: BaseDatabaseWrapper, min_rows: int, seconds: float
+    ) -> str:
+        """``ANALYZE`` the task table once it holds ``min_rows`` rows, if it has never
+        had statistics: a new deployment whose autovacuum has not come round yet, or is
+        off, plans the worker's statements without any. The ``ANALYZE`` runs in a
+        transaction of its own whose statements give up after ``seconds``."""
+        name = connection.ops.quote_name(table())
+
+        def lacking() -> tuple[bool, bool]:
+            """(no statistics, at least ``min_rows`` rows); a missing table has both."""
+            with connection.cursor() as cursor:
+                cursor.execute(TASK_TABLE_LACKS_STATISTICS, [min_rows, name])
+                row = cursor.fetchone()
+            return (False, False) if row is None else (bool(row[0]), bool(row[1]))
+
+        missing, grown = lacking()
+        if not missing:
+            return "present"
+        if not grown:
+            return "too few rows"
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            milliseconds = max(1, int(seconds * 1000))
+            cursor.execute(
+                "SELECT set_config('statement_timeout', %s, true)", [f"{milliseconds}ms"]
+            )
+            cursor.execute(f"ANALYZE {name}")
+        # A user that does not own the table is skipped with a warning, not an error.
+        return "refused" if lacking()[0] else "gathered"
 
     def renew_leases(
         self,

@@ -10,6 +10,13 @@ and rests between batches three times as long as the batch took, so it never tak
 more than about a quarter of one database session's time from the workers draining
 beside it; a backlog left when the round's time is up is taken up again the next round.
 
+On PostgreSQL it also gives a task table that has never been analyzed its first
+statistics, once the table holds ``FIRST_STATISTICS_ROWS`` rows (asked every round until
+then): a new deployment's first flood otherwise drains with the worker's statements
+planned blind until autovacuum comes round, or for good where it is off
+(docs/performance.md, "A deep backlog without VACUUM"). Later statistics are
+autovacuum's.
+
 A failed batch is logged and the sweep given up for the round; the others go on, and
 the service never dies of one bad row or one lost connection.
 """
@@ -25,7 +32,7 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError
 
 from ..conf import BackendSettings
-from ..db import worker_connection
+from ..db import dialect_for, worker_connection
 from ..db.dedup import prune_keys
 from ..db.metrics import prune_flush_keys, prune_hours, roll_up_minutes
 from ..db.retention import delete_finished, delete_idle_breakers, delete_old_occurrences
@@ -109,6 +116,9 @@ def _finished_tasks(
 FIRST_SWEEP_DELAY = 5.0
 """Seconds from gaining leadership to the first sweep."""
 
+FIRST_STATISTICS_ROWS = 1_000
+"""Rows in a never-analyzed task table from which the leader analyzes it."""
+
 
 class Pruner(LoopService):
     """Leader only: forget dead workers every round, sweep spent rows every interval."""
@@ -140,6 +150,9 @@ class Pruner(LoopService):
         self.batch_size = settings.retention.batch_size
         self.sweep_interval = settings.retention.interval
         self._next_sweep = 0.0  # time.monotonic() of the next sweep; 0: at the first round
+        # time.monotonic() from which to ask about the task table's statistics again;
+        # None once they are there (or this database keeps none of its own).
+        self._statistics_due: float | None = 0.0
         self.deleted: dict[str, int] = {}
         """Rows deleted per sweep since the service was built (for logs and tests)."""
 
@@ -148,6 +161,7 @@ class Pruner(LoopService):
         # still prunes, and a starting worker's first seconds (registering, reaping,
         # its first claims) do not share the database with a burst of deletes.
         self._next_sweep = time.monotonic() + FIRST_SWEEP_DELAY
+        self._statistics_due = 0.0  # asked again in each term of leadership
         super().start()
 
     def tick(self) -> None:
@@ -162,8 +176,42 @@ class Pruner(LoopService):
             return
         if forgotten:
             logger.info("Forgot the rows of silent workers: %s.", ", ".join(forgotten))
+        if self._statistics_due is not None and time.monotonic() >= self._statistics_due:
+            self._first_statistics()
         if time.monotonic() >= self._next_sweep:
             self.sweep(budget=self.interval)
+
+    def _first_statistics(self) -> None:
+        """Analyze a never-analyzed task table that has grown (one turn, at most half a
+        round, so the heartbeat sharing the session is not held up); a failure is
+        tried again an interval later."""
+        try:
+            with self.turn():
+                connection = worker_connection(self.database, self.bound_seconds)
+                outcome = dialect_for(connection).gather_first_statistics(
+                    connection, FIRST_STATISTICS_ROWS, self.interval / 2
+                )
+        except DatabaseError as exc:
+            logger.warning(
+                "Gathering the task table's first statistics failed (%s); will retry in %.0f s.",
+                exc,
+                self.sweep_interval,
+            )
+            self._statistics_due = time.monotonic() + self.sweep_interval
+            return
+        if outcome == "gathered":
+            logger.info(
+                "Analyzed the task table: it had no statistics yet (autovacuum had not "
+                "analyzed it), so its statements were planned without them."
+            )
+        elif outcome == "refused":
+            logger.warning(
+                "The task table has no statistics and this database user may not "
+                "ANALYZE it; its statements are planned without them until autovacuum "
+                "or its owner analyzes it."
+            )
+        if outcome != "too few rows":
+            self._statistics_due = None
 
     def sweep(self, budget: float) -> None:
         """Run every sweep until done or ``budget`` seconds have passed. Unfinished
