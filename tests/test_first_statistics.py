@@ -170,6 +170,24 @@ def test_a_leader_worker_analyzes_the_table_a_flood_filled(start_worker, tmp_pat
     )
 
 
+def test_an_unexpected_failure_is_logged_and_asked_again_an_interval_later(caplog, monkeypatch):
+    """Whatever the dialect raises, the round goes on and the log is not filled every
+    round: the question waits a sweep interval."""
+
+    def broken(*args: object) -> str:
+        raise RuntimeError("a catalog the dialect did not expect")
+
+    monkeypatch.setattr(type(dialect_for(connection)), "gather_first_statistics", broken)
+    pruner = Pruner(task_backends["default"].settings, clock=timezone.now, bound_seconds=30)
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="django_tasks_plus.worker"):
+        pruner._first_statistics()
+    _done_with(pruner)
+    assert pruner._statistics_due is not None
+    assert pruner._statistics_due >= started + pruner.sweep_interval
+    assert "first statistics failed unexpectedly" in caplog.text
+
+
 def test_a_database_without_the_step_is_asked_once():
     """SQLite keeps no statistics of this kind: the pruner stops asking after the first
     round (on PostgreSQL a table with statistics ends the asking the same way)."""

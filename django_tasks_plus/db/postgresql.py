@@ -521,7 +521,7 @@ class PostgreSQLDialect(Dialect):
         name = connection.ops.quote_name(table())
 
         def lacking() -> tuple[bool, bool]:
-            """(no statistics, at least ``min_rows`` rows); a missing table has both."""
+            """(no statistics, at least ``min_rows`` rows); a missing table: neither."""
             with connection.cursor() as cursor:
                 cursor.execute(TASK_TABLE_LACKS_STATISTICS, [min_rows, name])
                 row = cursor.fetchone()

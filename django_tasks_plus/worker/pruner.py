@@ -199,6 +199,14 @@ class Pruner(LoopService):
             )
             self._statistics_due = time.monotonic() + self.sweep_interval
             return
+        except Exception:
+            logger.exception(
+                "Gathering the task table's first statistics failed unexpectedly; will "
+                "retry in %.0f s.",
+                self.sweep_interval,
+            )
+            self._statistics_due = time.monotonic() + self.sweep_interval
+            return
         if outcome == "gathered":
             logger.info(
                 "Analyzed the task table: it had no statistics yet (autovacuum had not "
