@@ -266,14 +266,11 @@ BOUND_LOCK_WAIT = """
 """
 RESTORE_LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
 
-# sql.INSERT_DEDUP_KEY that first bounds the transaction's lock waits as BOUND_LOCK_WAIT
-# does (until the transaction ends: its caller owns it), in the same round trip: the
-# bound is set when the row is produced, before the insert meets another transaction's
-# uncommitted key. Parameters: INSERT_DEDUP_KEY's, then the bound in milliseconds twice.
-# Whether the task table (%s, as regclass text) has no planner statistics yet and holds
-# at least %s rows. pg_stats shows a column's statistics to whoever may read the column;
-# the activity counters (n_live_tup) count rows without reading them. Nothing for a
-# table that does not exist (to_regclass: NULL).
+# Whether the task table has no planner statistics yet, and whether it holds at least
+# the given number of rows. pg_stats shows a column's statistics to whoever may read the
+# column; the activity counters (n_live_tup) count rows without reading them. No row for
+# a table that does not exist (to_regclass: NULL). Parameters: the number of rows, then
+# the table's quoted name.
 TASK_TABLE_LACKS_STATISTICS = """
     SELECT NOT EXISTS (
                SELECT 1 FROM pg_stats s
@@ -286,6 +283,10 @@ TASK_TABLE_LACKS_STATISTICS = """
     WHERE c.oid = to_regclass(%s)
 """
 
+# sql.INSERT_DEDUP_KEY that first bounds the transaction's lock waits as BOUND_LOCK_WAIT
+# does (until the transaction ends: its caller owns it), in the same round trip: the
+# bound is set when the row is produced, before the insert meets another transaction's
+# uncommitted key. Parameters: INSERT_DEDUP_KEY's, then the bound in milliseconds twice.
 INSERT_DEDUP_KEY_BOUNDED = """
     INSERT INTO django_tasks_plus_dedupkey
         (backend_name, "key", task_ids, expires_at, until_finished, created_at)
